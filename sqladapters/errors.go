@@ -1,0 +1,53 @@
+package sqladapters
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrNoTx is returned when an operation that must run inside the
+	// caller's transaction finds none. millbox never falls back to
+	// autocommit.
+	ErrNoTx = errors.New("millbox: no transaction")
+
+	// ErrWrongTxType is returned by DriverTxFromContext when the context
+	// holds a transaction of another driver.
+	ErrWrongTxType = errors.New("millbox: transaction of another driver")
+
+	// ErrTxDone is returned when a transaction was already committed or
+	// rolled back.
+	ErrTxDone = errors.New("millbox: transaction already committed or rolled back")
+
+	// ErrMissingTable is returned when a millbox table does not exist.
+	// The error text says how to create it.
+	ErrMissingTable = errors.New("millbox: table does not exist")
+
+	// ErrDuplicate is returned when a unique key rejected a row.
+	ErrDuplicate = errors.New("millbox: duplicate key")
+
+	// ErrInvalidName is returned for a schema or table name that is not a
+	// plain SQL identifier.
+	ErrInvalidName = errors.New("millbox: invalid identifier")
+)
+
+// MissingTableError reports a millbox table that does not exist and says
+// how to create it.
+type MissingTableError struct {
+	// Dialect is the name of the database, such as "postgres".
+	Dialect string
+	// Err is the driver's error, which names the table.
+	Err error
+}
+
+func (e *MissingTableError) Error() string {
+	return fmt.Sprintf("millbox: %s: a millbox table does not exist (%v); create the tables with "+
+		"sqladapters.Migrate(ctx, db, dialect), or apply the SQL of sqladapters.MigrationSQL(dialect) "+
+		"with your migration tool", e.Dialect, e.Err)
+}
+
+// Unwrap returns the driver error.
+func (e *MissingTableError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrMissingTable) true.
+func (e *MissingTableError) Is(target error) bool { return target == ErrMissingTable }

@@ -1,0 +1,135 @@
+package sqladapters
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Migrate brings the millbox tables described by d up to the latest
+// version. It is safe to call from many processes at once: migrators take a
+// lock first, and a version that is already applied is skipped. On
+// databases without transactional DDL (MySQL) statements commit one by one.
+func Migrate(ctx context.Context, db DB, d Dialect) error {
+	if db == nil {
+		return errors.New("millbox: Migrate: nil DB")
+	}
+	if d == nil {
+		return errors.New("millbox: Migrate: nil Dialect")
+	}
+	tx, err := db.Begin(ctx, sql.TxOptions{})
+	if err != nil {
+		return fmt.Errorf("millbox: begin migration: %w", err)
+	}
+	if err := migrate(ctx, tx, d); err != nil {
+		Rollback(tx)
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("millbox: commit migration: %w", err)
+	}
+	return nil
+}
+
+// MigrateTx runs the migrations inside the caller's transaction, so the
+// millbox tables appear together with the caller's own schema changes. It
+// refuses dialects without transactional DDL (MySQL), where the first
+// CREATE TABLE would silently commit the caller's transaction.
+func MigrateTx(ctx context.Context, tx Tx, d Dialect) error {
+	if tx == nil {
+		return fmt.Errorf("millbox: MigrateTx: %w", ErrNoTx)
+	}
+	if d == nil {
+		return errors.New("millbox: MigrateTx: nil Dialect")
+	}
+	if !d.Features().TransactionalDDL {
+		return fmt.Errorf("millbox: MigrateTx: %s commits DDL implicitly, which would commit your transaction; use Migrate", d.Name())
+	}
+	return migrate(ctx, tx, d)
+}
+
+func migrate(ctx context.Context, tx Tx, d Dialect) error {
+	lock, unlock := d.LockMigrations()
+	if lock.SQL != "" {
+		if _, err := lock.Exec(ctx, tx); err != nil {
+			return fmt.Errorf("millbox: take migration lock: %w", err)
+		}
+	}
+	for _, q := range d.CreateMigrationsTable() {
+		if _, err := q.Exec(ctx, tx); err != nil {
+			return fmt.Errorf("millbox: create migrations table: %w", err)
+		}
+	}
+	applied, err := appliedVersions(ctx, tx, d)
+	if err != nil {
+		return err
+	}
+	for _, m := range d.Migrations() {
+		if applied[m.Version] {
+			continue
+		}
+		for _, stmt := range m.Statements {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("millbox: migration %d (%s): %w", m.Version, m.Name, err)
+			}
+		}
+		if _, err := d.RecordMigration(m.Version, m.Name).Exec(ctx, tx); err != nil {
+			return fmt.Errorf("millbox: record migration %d: %w", m.Version, err)
+		}
+	}
+	if unlock.SQL != "" {
+		if _, err := unlock.Exec(ctx, tx); err != nil {
+			return fmt.Errorf("millbox: release migration lock: %w", err)
+		}
+	}
+	return nil
+}
+
+func appliedVersions(ctx context.Context, e Executor, d Dialect) (map[int]bool, error) {
+	rows, err := d.AppliedMigrations().Query(ctx, e)
+	if err != nil {
+		return nil, fmt.Errorf("millbox: read applied migrations: %w", err)
+	}
+	defer rows.Close()
+	applied := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("millbox: read applied migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("millbox: read applied migrations: %w", err)
+	}
+	return applied, nil
+}
+
+// MigrationSQL returns the schema statements Migrate applies, version by
+// version, as a script for migration tools such as goose, atlas or flyway.
+// It leaves out Migrate's own bookkeeping (lock and version table).
+func MigrationSQL(d Dialect) string {
+	var b strings.Builder
+	for _, m := range d.Migrations() {
+		fmt.Fprintf(&b, "-- millbox %s migration %d: %s\n", d.Name(), m.Version, m.Name)
+		for _, s := range m.Statements {
+			b.WriteString(strings.TrimSpace(s))
+			b.WriteString(";\n")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+
+// Rollback rolls tx back under a fresh short timeout, so a cancelled
+// caller context never leaves a transaction open. Its error is ignored on
+// purpose: it is only called on paths that already return an error.
+func Rollback(tx Tx) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}

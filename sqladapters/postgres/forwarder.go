@@ -1,0 +1,150 @@
+package postgres
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attempts`
+
+// SelectPending reads due rows in id order. A row whose key has an earlier
+// row backing off after a failure is left out, so the key keeps its order.
+func (d *Dialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
+	var b strings.Builder
+	var args []any
+	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o
+WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= now()`)
+	if q.Owned != nil {
+		b.WriteString(` AND o.key_hash % ` + strconv.Itoa(q.Partitions) + ` = ANY($` + strconv.Itoa(len(args)+1) + `::int[])`)
+		args = append(args, intArray(q.Owned))
+	}
+	if len(q.Exclude) > 0 {
+		b.WriteString(` AND o.id <> ALL($` + strconv.Itoa(len(args)+1) + `::bigint[])`)
+		args = append(args, int64Array(q.Exclude))
+	}
+	b.WriteString(`
+AND (o.key IS NULL OR NOT EXISTS (
+	SELECT 1 FROM ` + d.outbox + ` p
+	WHERE p.key = o.key AND p.id < o.id AND p.attempts > 0
+	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > now()))
+ORDER BY o.id LIMIT $` + strconv.Itoa(len(args)+1))
+	args = append(args, q.Limit)
+	return sqladapters.Query{SQL: b.String(), Args: args}
+}
+
+// CompleteForwarded deletes published rows, or stamps published_at.
+func (d *Dialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
+	if keep {
+		return sqladapters.Query{
+			SQL:  `UPDATE ` + d.outbox + ` SET published_at = now() WHERE id = ANY($1::bigint[])`,
+			Args: []any{int64Array(ids)},
+		}
+	}
+	return sqladapters.Query{
+		SQL:  `DELETE FROM ` + d.outbox + ` WHERE id = ANY($1::bigint[])`,
+		Args: []any{int64Array(ids)},
+	}
+}
+
+// RecordFailure stores the attempt count, error and next attempt time.
+func (d *Dialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `UPDATE ` + d.outbox + ` SET attempts = $2, last_error = $3,
+	next_attempt_at = now() + $4 * interval '1 microsecond',
+	dead_at = CASE WHEN $5 THEN now() END
+WHERE id = $1`,
+		Args: []any{f.ID, f.Attempts, f.Error, micros(f.Backoff), f.Dead},
+	}
+}
+
+// ListDeadLetters pages through dead rows.
+func (d *Dialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `SELECT ` + rowColumns + `, coalesce(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
+WHERE o.dead_at IS NOT NULL AND o.id > $1 ORDER BY o.id LIMIT $2`,
+		Args: []any{afterID, limit},
+	}
+}
+
+// RequeueDeadLetters makes dead rows pending again.
+func (d *Dialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
+	q := `UPDATE ` + d.outbox + ` SET dead_at = NULL, attempts = 0, next_attempt_at = now() WHERE dead_at IS NOT NULL`
+	if ids == nil {
+		return sqladapters.Query{SQL: q}
+	}
+	return sqladapters.Query{SQL: q + ` AND id = ANY($1::bigint[])`, Args: []any{int64Array(ids)}}
+}
+
+// EnsurePartitions creates the missing lease rows.
+func (d *Dialect) EnsurePartitions(n int) []sqladapters.Query {
+	return []sqladapters.Query{{
+		SQL:  `INSERT INTO ` + d.leases + ` (partition) SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING`,
+		Args: []any{n},
+	}}
+}
+
+// CountPartitions counts the lease rows.
+func (d *Dialect) CountPartitions() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.leases}
+}
+
+// Heartbeat upserts the member row of instance.
+func (d *Dialect) Heartbeat(instance string, ttl time.Duration) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at) VALUES ($1, now() + $2 * interval '1 microsecond')
+ON CONFLICT (instance) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
+		Args: []any{instance, micros(ttl)},
+	}
+}
+
+// CountMembers counts live instances.
+func (d *Dialect) CountMembers() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.members + ` WHERE expires_at > now()`}
+}
+
+// RemoveMember deletes instance and expired members.
+func (d *Dialect) RemoveMember(instance string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `DELETE FROM ` + d.members + ` WHERE instance = $1 OR expires_at <= now()`,
+		Args: []any{instance},
+	}
+}
+
+// ClaimPartitions leases free or expired partitions, lowest first.
+func (d *Dialect) ClaimPartitions(instance string, ttl time.Duration, max int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `UPDATE ` + d.leases + ` SET owner = $1, expires_at = now() + $2 * interval '1 microsecond'
+WHERE partition IN (
+	SELECT partition FROM ` + d.leases + `
+	WHERE owner IS NULL OR expires_at IS NULL OR expires_at <= now()
+	ORDER BY partition LIMIT $3 FOR UPDATE SKIP LOCKED)`,
+		Args: []any{instance, micros(ttl), max},
+	}
+}
+
+// RenewPartitions extends the unexpired leases of instance.
+func (d *Dialect) RenewPartitions(instance string, ttl time.Duration) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `UPDATE ` + d.leases + ` SET expires_at = now() + $2 * interval '1 microsecond' WHERE owner = $1 AND expires_at > now()`,
+		Args: []any{instance, micros(ttl)},
+	}
+}
+
+// OwnedPartitions selects the partitions instance holds.
+func (d *Dialect) OwnedPartitions(instance string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT partition FROM ` + d.leases + ` WHERE owner = $1 AND expires_at > now() ORDER BY partition`,
+		Args: []any{instance},
+	}
+}
+
+// ReleasePartitions frees partitions of instance.
+func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `UPDATE ` + d.leases + ` SET owner = NULL, expires_at = NULL WHERE owner = $1 AND partition = ANY($2::int[])`,
+		Args: []any{instance, intArray(partitions)},
+	}
+}

@@ -1,0 +1,26 @@
+package postgres
+
+import (
+	"time"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// InsertInbox inserts the inbox key with ON CONFLICT DO NOTHING: a second
+// transaction inserting the same key waits for the first and then affects
+// zero rows if it committed, or inserts if it rolled back.
+func (d *Dialect) InsertInbox(consumer, messageID string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `INSERT INTO ` + d.inbox + ` (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		Args: []any{consumer, messageID},
+	}
+}
+
+// DeleteInboxBefore deletes up to limit rows received before t.
+func (d *Dialect) DeleteInboxBefore(t time.Time, limit int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `DELETE FROM ` + d.inbox + ` WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM ` + d.inbox + ` WHERE received_at < $1 LIMIT $2)`,
+		Args: []any{t, limit},
+	}
+}

@@ -1,0 +1,90 @@
+package postgres
+
+import (
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// Migrations lists the schema versions.
+func (d *Dialect) Migrations() []sqladapters.Migration {
+	o, t := d.outbox, d.opts.OutboxTable
+	return []sqladapters.Migration{{
+		Version: 1,
+		Name:    "outbox, leases and inbox",
+		Statements: []string{
+			`CREATE TABLE IF NOT EXISTS ` + o + ` (
+	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	topic           text        NOT NULL,
+	uuid            text        NOT NULL,
+	payload         bytea       NOT NULL,
+	metadata        jsonb       NOT NULL DEFAULT '{}',
+	key             text,
+	key_hash        integer     NOT NULL DEFAULT 0,
+	created_at      timestamptz NOT NULL DEFAULT now(),
+	attempts        integer     NOT NULL DEFAULT 0,
+	last_error      text,
+	next_attempt_at timestamptz NOT NULL DEFAULT now(),
+	dead_at         timestamptz,
+	published_at    timestamptz
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.01)`,
+			// The forwarder reads pending rows in id order through this index.
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_pending_idx") + ` ON ` + o +
+				` (id) WHERE dead_at IS NULL AND published_at IS NULL`,
+			// Rows that failed at least once; a key with such a row waits for it.
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_retry_idx") + ` ON ` + o +
+				` (key, id) WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_dead_idx") + ` ON ` + o +
+				` (id) WHERE dead_at IS NOT NULL`,
+			`CREATE TABLE IF NOT EXISTS ` + d.leases + ` (
+	partition  integer PRIMARY KEY,
+	owner      text,
+	expires_at timestamptz
+)`,
+			`CREATE TABLE IF NOT EXISTS ` + d.members + ` (
+	instance   text PRIMARY KEY,
+	expires_at timestamptz NOT NULL
+)`,
+			`CREATE TABLE IF NOT EXISTS ` + d.inbox + ` (
+	consumer    text        NOT NULL,
+	message_id  text        NOT NULL,
+	received_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, message_id)
+)`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
+		},
+	}}
+}
+
+// LockMigrations takes a transaction-scoped advisory lock named after the
+// outbox table; it is released by the migration transaction's end.
+func (d *Dialect) LockMigrations() (lock, unlock sqladapters.Query) {
+	return sqladapters.Query{
+		SQL:  `SELECT pg_advisory_xact_lock(hashtext($1))`,
+		Args: []any{"millbox.migrate:" + d.opts.Schema + "." + d.opts.OutboxTable},
+	}, sqladapters.Query{}
+}
+
+// CreateMigrationsTable creates the schema (when set) and the version table.
+func (d *Dialect) CreateMigrationsTable() []sqladapters.Query {
+	var qs []sqladapters.Query
+	if d.opts.Schema != "" {
+		qs = append(qs, sqladapters.Query{SQL: `CREATE SCHEMA IF NOT EXISTS ` + quote(d.opts.Schema)})
+	}
+	return append(qs, sqladapters.Query{SQL: `CREATE TABLE IF NOT EXISTS ` + d.migrate + ` (
+	version    integer PRIMARY KEY,
+	name       text NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now()
+)`})
+}
+
+// AppliedMigrations selects the applied versions.
+func (d *Dialect) AppliedMigrations() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT version FROM ` + d.migrate + ` ORDER BY version`}
+}
+
+// RecordMigration records an applied version.
+func (d *Dialect) RecordMigration(version int, name string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `INSERT INTO ` + d.migrate + ` (version, name) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING`,
+		Args: []any{version, name},
+	}
+}

@@ -1,0 +1,192 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+const (
+	// DefaultOutboxTable is the outbox table name used when Options leaves
+	// it empty.
+	DefaultOutboxTable = "millbox_outbox"
+	// DefaultInboxTable is the inbox table name used when Options leaves it
+	// empty.
+	DefaultInboxTable = "millbox_inbox"
+	// MaxTableNameLength leaves room for the suffixes of derived names
+	// (indexes, lease and migration tables) within Postgres' 63 bytes.
+	MaxTableNameLength = 48
+	// rowsPerInsert keeps one INSERT under Postgres' 65,535 parameters.
+	rowsPerInsert = 5000
+)
+
+// Options names the tables of one millbox installation.
+type Options struct {
+	// Schema holding the tables. Defaults to "" (unqualified names, found
+	// through the connection's search_path). Migrate creates it if missing.
+	Schema string
+	// OutboxTable defaults to DefaultOutboxTable. The lease, member and
+	// migration tables are named after it with suffixes _leases, _members
+	// and _migrations.
+	OutboxTable string
+	// InboxTable defaults to DefaultInboxTable.
+	InboxTable string
+	// DisableNotify stops the outbox insert from calling pg_notify.
+	// Forwarders then find new rows by polling only. Defaults to false.
+	DisableNotify bool
+}
+
+// Dialect is the PostgreSQL dialect. Build it with New.
+type Dialect struct {
+	opts                                    Options
+	outbox, inbox, leases, members, migrate string
+	channel                                 string
+}
+
+var _ sqladapters.Dialect = (*Dialect)(nil)
+
+// New validates opts, applies defaults and returns the dialect.
+func New(opts Options) (*Dialect, error) {
+	if opts.OutboxTable == "" {
+		opts.OutboxTable = DefaultOutboxTable
+	}
+	if opts.InboxTable == "" {
+		opts.InboxTable = DefaultInboxTable
+	}
+	if opts.Schema != "" {
+		if err := sqladapters.ValidateIdentifier("postgres.Options.Schema", opts.Schema); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range []struct{ field, name string }{
+		{"postgres.Options.OutboxTable", opts.OutboxTable},
+		{"postgres.Options.InboxTable", opts.InboxTable},
+	} {
+		if err := sqladapters.ValidateIdentifier(f.field, f.name); err != nil {
+			return nil, err
+		}
+		if len(f.name) > MaxTableNameLength {
+			return nil, fmt.Errorf("%w: %s %q is longer than %d bytes", sqladapters.ErrInvalidName, f.field, f.name, MaxTableNameLength)
+		}
+	}
+	if opts.OutboxTable == opts.InboxTable {
+		return nil, fmt.Errorf("%w: postgres.Options.OutboxTable and InboxTable are both %q", sqladapters.ErrInvalidName, opts.OutboxTable)
+	}
+	d := &Dialect{opts: opts}
+	d.outbox = d.qualify(opts.OutboxTable)
+	d.inbox = d.qualify(opts.InboxTable)
+	d.leases = d.qualify(opts.OutboxTable + "_leases")
+	d.members = d.qualify(opts.OutboxTable + "_members")
+	d.migrate = d.qualify(opts.OutboxTable + "_migrations")
+	if !opts.DisableNotify {
+		d.channel = channelName(opts.Schema, opts.OutboxTable)
+	}
+	return d, nil
+}
+
+// MustNew is New that panics on invalid options, for package-level
+// variables with constant names.
+func MustNew(opts Options) *Dialect {
+	d, err := New(opts)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+func quote(ident string) string { return `"` + ident + `"` }
+
+func (d *Dialect) qualify(name string) string {
+	if d.opts.Schema == "" {
+		return quote(name)
+	}
+	return quote(d.opts.Schema) + "." + quote(name)
+}
+
+func channelName(schema, table string) string {
+	name := "millbox_" + table
+	if schema != "" {
+		name = "millbox_" + schema + "_" + table
+	}
+	if len(name) <= 63 {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(schema + "." + table))
+	return fmt.Sprintf("millbox_%08x", h.Sum32())
+}
+
+// Name returns "postgres".
+func (d *Dialect) Name() string { return "postgres" }
+
+// Features reports PostgreSQL's capabilities.
+func (d *Dialect) Features() sqladapters.Features {
+	return sqladapters.Features{
+		TransactionalDDL:  true,
+		Notify:            !d.opts.DisableNotify,
+		SkipLocked:        true,
+		ConcurrentWriters: true,
+	}
+}
+
+// OutboxTable returns the quoted outbox table name.
+func (d *Dialect) OutboxTable() string { return d.outbox }
+
+// InboxTable returns the quoted inbox table name.
+func (d *Dialect) InboxTable() string { return d.inbox }
+
+// NotifyChannel returns the channel the outbox insert notifies, or "" when
+// notifications are disabled.
+func (d *Dialect) NotifyChannel() string { return d.channel }
+
+type sqlStater interface{ SQLState() string }
+
+// ClassifyError maps SQLSTATE 42P01 (undefined table) and 3F000 (undefined
+// schema) to *sqladapters.MissingTableError and 23505 (unique violation) to
+// sqladapters.ErrDuplicate. It recognizes pgx and lib/pq errors.
+func (d *Dialect) ClassifyError(err error) error {
+	var se sqlStater
+	if err == nil || !errors.As(err, &se) {
+		return err
+	}
+	switch se.SQLState() {
+	case "42P01", "3F000":
+		return &sqladapters.MissingTableError{Dialect: d.Name(), Err: err}
+	case "23505":
+		return fmt.Errorf("%w: %w", sqladapters.ErrDuplicate, err)
+	}
+	return err
+}
+
+// micros renders a duration as a parameter for "$n * interval '1 microsecond'".
+func micros(t time.Duration) int64 { return t.Microseconds() }
+
+// int64Array renders ids as a Postgres array literal. Passing it as text
+// with a ::bigint[] cast works with every driver (lib/pq has no native
+// slice parameters).
+func int64Array(ids []int64) string {
+	var b strings.Builder
+	b.Grow(len(ids) * 8)
+	b.WriteByte('{')
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func intArray(v []int) string {
+	ids := make([]int64, len(v))
+	for i, x := range v {
+		ids[i] = int64(x)
+	}
+	return int64Array(ids)
+}
