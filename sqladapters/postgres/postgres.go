@@ -190,3 +190,6 @@ func intArray(v []int) string {
 	}
 	return int64Array(ids)
 }
+
+// Schema returns the schema name, "" when names are unqualified.
+func (d *Dialect) Schema() string { return d.opts.Schema }

@@ -1,0 +1,15 @@
+package integration_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// database/sql keeps one opener goroutine per *sql.DB until Close;
+		// pools shared by the whole package are closed at exit.
+		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
+	)
+}
