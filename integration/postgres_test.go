@@ -264,3 +264,7 @@ func (t *recordingTx) Exec(ctx context.Context, q string, args ...any) (int64, e
 	t.r.record(q)
 	return t.Tx.Exec(ctx, q, args...)
 }
+
+func TestPostgresForwarderConformance(t *testing.T) {
+	conformance.Forwarder(t, pgEnv(t))
+}

@@ -1,0 +1,542 @@
+package forwarder
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// maxErrorLength bounds the last_error stored with a failed row.
+const maxErrorLength = 2000
+
+// Forwarder moves committed outbox rows to a destination publisher.
+//
+// Guarantees:
+//   - at least once: a row leaves the outbox only after the destination's
+//     Publish returned nil for it;
+//   - per-key order: rows with the same ordering key are published one at
+//     a time in outbox id order, also with many instances, because a key's
+//     partition is leased by one instance at a time and a key that is
+//     backing off after a failure holds its later rows back;
+//   - a failing row is retried with exponential backoff and moved to the
+//     dead letters after MaxAttempts; other keys keep flowing meanwhile.
+//
+// Each round reads up to BatchSize due rows of the partitions this instance
+// leases, publishes them over Concurrency lanes (one lane per key), records
+// failures, and hands the published ids to a background deleter while the
+// next round starts.
+type Forwarder struct {
+	cfg      Config
+	listener sqladapters.Listener
+	channel  string
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+	running chan struct{}
+	runOnce sync.Once
+
+	wakeCh  chan struct{}
+	localCh <-chan struct{}
+
+	// lease state, guarded by leaseMu
+	leaseMu       sync.Mutex
+	owned         []int
+	leaseDeadline time.Time
+
+	// batchMu is held by the main loop during a round, so partitions are
+	// never released while rows of theirs are in flight.
+	batchMu sync.Mutex
+
+	// published rows whose delete is in flight; excluded from reads.
+	ackMu      sync.Mutex
+	ackPending map[int64]struct{}
+	ackCh      chan []int64
+	ackWG      sync.WaitGroup
+
+	stopping atomic.Bool
+	laneSeq  atomic.Uint64
+}
+
+// New validates cfg and returns a forwarder. It starts nothing: call Run.
+func New(cfg Config) (*Forwarder, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	f := &Forwarder{
+		cfg:        cfg,
+		done:       make(chan struct{}),
+		running:    make(chan struct{}),
+		wakeCh:     make(chan struct{}, 1),
+		ackPending: map[int64]struct{}{},
+		ackCh:      make(chan []int64, 1),
+	}
+	if l, ok := cfg.DB.(sqladapters.Listener); ok && cfg.Dialect.NotifyChannel() != "" {
+		f.listener, f.channel = l, cfg.Dialect.NotifyChannel()
+	}
+	return f, nil
+}
+
+// Running is closed once the forwarder holds its first leases and listens
+// for notifications.
+func (f *Forwarder) Running() <-chan struct{} { return f.running }
+
+// Run forwards until ctx ends or Close is called. It returns an error when
+// the forwarder cannot start (unreachable database, missing tables, a
+// Partitions value other instances disagree with); later database or
+// broker failures are logged and retried, never returned.
+func (f *Forwarder) Run(ctx context.Context) error {
+	f.mu.Lock()
+	switch {
+	case f.closed:
+		f.mu.Unlock()
+		return ErrClosed
+	case f.started:
+		f.mu.Unlock()
+		return errors.New("millbox: forwarder is already running")
+	}
+	f.started = true
+	ctx, cancel := context.WithCancel(ctx)
+	f.cancel = cancel
+	f.mu.Unlock()
+	defer close(f.done)
+	defer cancel()
+
+	if err := f.setup(ctx); err != nil {
+		return err
+	}
+	var local func()
+	f.localCh, local = subscribeWake(f.cfg.Dialect.OutboxTable())
+	defer local()
+
+	var wg sync.WaitGroup
+	listening := make(chan struct{})
+	if f.listener != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.listenLoop(ctx, listening)
+		}()
+	} else {
+		close(listening)
+	}
+	ackDone := make(chan struct{})
+	go func() {
+		defer close(ackDone)
+		f.ackLoop()
+	}()
+	leaseReady := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		f.leaseLoop(ctx, leaseReady)
+	}()
+	go func() {
+		select {
+		case <-leaseReady:
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case <-listening:
+		case <-time.After(5 * time.Second): // polling covers a slow listener
+		case <-ctx.Done():
+			return
+		}
+		f.runOnce.Do(func() { close(f.running) })
+	}()
+
+	f.loop(ctx)
+
+	// Shutdown: no round is in flight any more. Flush deletes, then give
+	// the partitions back so other instances take over at once.
+	close(f.ackCh)
+	<-ackDone
+	wg.Wait()
+	f.leave()
+	return nil
+}
+
+// Close stops Run gracefully: rows being published finish (or are left
+// pending), published rows are deleted, and the partitions are released.
+// It waits at most CloseTimeout.
+func (f *Forwarder) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	started, cancel := f.started, f.cancel
+	f.mu.Unlock()
+	if !started {
+		return nil
+	}
+	f.stopping.Store(true)
+	cancel()
+	select {
+	case <-f.done:
+		return nil
+	case <-time.After(f.cfg.CloseTimeout):
+		return fmt.Errorf("millbox: forwarder did not stop within CloseTimeout %v: a destination Publish call is blocking", f.cfg.CloseTimeout)
+	}
+}
+
+func (f *Forwarder) setup(ctx context.Context) error {
+	d := f.cfg.Dialect
+	for _, q := range d.EnsurePartitions(f.cfg.Partitions) {
+		if _, err := q.Exec(ctx, f.cfg.DB); err != nil {
+			return fmt.Errorf("millbox: forwarder start: %w", d.ClassifyError(err))
+		}
+	}
+	n, err := queryInt(ctx, f.cfg.DB, d.CountPartitions())
+	if err != nil {
+		return fmt.Errorf("millbox: forwarder start: %w", d.ClassifyError(err))
+	}
+	if n != f.cfg.Partitions {
+		return fmt.Errorf("%w: Config.Partitions is %d but the outbox %s is split into %d partitions; "+
+			"every forwarder of one outbox must use the same value (to change it, stop them all and delete the rows of the _leases table)",
+			ErrInvalidConfig, f.cfg.Partitions, d.OutboxTable(), n)
+	}
+	return nil
+}
+
+func (f *Forwarder) signal() {
+	select {
+	case f.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+// fastPolls follow an in-process wakeup: the publisher pings before its
+// transaction commits, so look again a few times shortly after.
+var fastPolls = []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 150 * time.Millisecond, 400 * time.Millisecond}
+
+func (f *Forwarder) loop(ctx context.Context) {
+	errDelay := time.Duration(0)
+	fast := len(fastPolls)
+	for ctx.Err() == nil {
+		owned, ok := f.currentOwned()
+		n := 0
+		var err error
+		if ok {
+			f.batchMu.Lock()
+			n, err = f.round(ctx, owned)
+			f.batchMu.Unlock()
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			errDelay = min(max(2*errDelay, 100*time.Millisecond), 5*time.Second)
+			f.cfg.Logger.Error("millbox forwarder: round failed; retrying", err, watermill.LogFields{"retry_in": errDelay.String()})
+			sleep(ctx, errDelay)
+			continue
+		}
+		errDelay = 0
+		if n >= f.cfg.BatchSize {
+			continue
+		}
+		if n > 0 {
+			fast = len(fastPolls)
+		}
+		wait := f.cfg.PollInterval
+		if fast < len(fastPolls) {
+			wait = fastPolls[fast]
+			fast++
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-f.wakeCh:
+		case <-f.localCh:
+			fast = 0
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// currentOwned returns the partitions to read; nil with ok means all.
+func (f *Forwarder) currentOwned() ([]int, bool) {
+	f.leaseMu.Lock()
+	defer f.leaseMu.Unlock()
+	if len(f.owned) == 0 || time.Now().After(f.leaseDeadline) {
+		return nil, false
+	}
+	if len(f.owned) == f.cfg.Partitions {
+		return nil, true
+	}
+	return f.owned, true
+}
+
+func (f *Forwarder) leaseValid() bool {
+	f.leaseMu.Lock()
+	defer f.leaseMu.Unlock()
+	return time.Now().Before(f.leaseDeadline)
+}
+
+type failed struct {
+	row sqladapters.OutboxRow
+	err error
+}
+
+type laneResult struct {
+	done    []int64
+	failed  []failed
+	skipped int
+}
+
+// round reads one batch, publishes it and records the outcome.
+func (f *Forwarder) round(ctx context.Context, owned []int) (int, error) {
+	start := time.Now()
+	rows, err := f.read(ctx, owned)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	lanes := make([][]sqladapters.OutboxRow, f.cfg.Concurrency)
+	for _, r := range rows {
+		i := f.lane(r.Key)
+		lanes[i] = append(lanes[i], r)
+	}
+	results := make([]laneResult, len(lanes))
+	var wg sync.WaitGroup
+	for i, lane := range lanes {
+		if len(lane) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = f.publishLane(lane)
+		}()
+	}
+	wg.Wait()
+
+	stats := BatchStats{Read: len(rows)}
+	var done []int64
+	// The outcome is recorded even when ctx was cancelled meanwhile:
+	// these rows were published.
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.CloseTimeout)
+	defer cancel()
+	for _, res := range results {
+		done = append(done, res.done...)
+		stats.Skipped += res.skipped
+		for _, fl := range res.failed {
+			dead, err := f.recordFailure(octx, fl)
+			if err != nil {
+				f.cfg.Logger.Error("millbox forwarder: cannot record a failed attempt; the row will be tried again", err,
+					watermill.LogFields{"id": fl.row.ID, "uuid": fl.row.UUID})
+			}
+			stats.Failed++
+			if dead {
+				stats.DeadLettered++
+			}
+		}
+	}
+	stats.Forwarded = len(done)
+	if len(done) > 0 {
+		f.enqueueAck(done)
+	}
+	stats.Duration = time.Since(start)
+	if f.cfg.Hooks.OnBatch != nil {
+		f.cfg.Hooks.OnBatch(stats)
+	}
+	return len(rows), nil
+}
+
+func (f *Forwarder) lane(key string) int {
+	if key == "" {
+		return int(f.laneSeq.Add(1) % uint64(f.cfg.Concurrency))
+	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(f.cfg.Concurrency))
+}
+
+func (f *Forwarder) read(ctx context.Context, owned []int) ([]sqladapters.OutboxRow, error) {
+	q := sqladapters.PendingQuery{Partitions: f.cfg.Partitions, Owned: owned, Limit: f.cfg.BatchSize}
+	f.ackMu.Lock()
+	if len(f.ackPending) > 0 {
+		q.Exclude = make([]int64, 0, len(f.ackPending))
+		for id := range f.ackPending {
+			q.Exclude = append(q.Exclude, id)
+		}
+	}
+	f.ackMu.Unlock()
+	rows, err := f.cfg.Dialect.SelectPending(q).Query(ctx, f.cfg.DB)
+	if err != nil {
+		return nil, fmt.Errorf("millbox: read outbox: %w", f.cfg.Dialect.ClassifyError(err))
+	}
+	defer rows.Close()
+	out := make([]sqladapters.OutboxRow, 0, f.cfg.BatchSize)
+	for rows.Next() {
+		var r sqladapters.OutboxRow
+		var key sql.NullString
+		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts); err != nil {
+			return nil, fmt.Errorf("millbox: read outbox row: %w", err)
+		}
+		r.Key = key.String
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("millbox: read outbox: %w", f.cfg.Dialect.ClassifyError(err))
+	}
+	return out, nil
+}
+
+// publishLane publishes the rows of one lane in order. After a row of a
+// key fails, the key's later rows of this round are left pending: they
+// wait for the failed row's retry.
+func (f *Forwarder) publishLane(rows []sqladapters.OutboxRow) laneResult {
+	var res laneResult
+	var blocked map[string]bool
+	for i, r := range rows {
+		// Once stopping or out of lease, leave the rest for later (or
+		// for the next owner), in order.
+		if f.stopping.Load() || !f.leaseValid() {
+			res.skipped += len(rows) - i
+			return res
+		}
+		if r.Key != "" && blocked[r.Key] {
+			res.skipped++
+			continue
+		}
+		if err := f.publishRow(r); err != nil {
+			res.failed = append(res.failed, failed{row: r, err: err})
+			if r.Key != "" {
+				if blocked == nil {
+					blocked = map[string]bool{}
+				}
+				blocked[r.Key] = true
+			}
+			continue
+		}
+		res.done = append(res.done, r.ID)
+	}
+	return res
+}
+
+// permanentError marks a row that can never be published as stored; it is
+// dead-lettered at once.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+func (f *Forwarder) publishRow(r sqladapters.OutboxRow) (err error) {
+	msg := message.NewMessage(r.UUID, r.Payload)
+	if len(r.Metadata) > 0 {
+		if err := json.Unmarshal(r.Metadata, &msg.Metadata); err != nil {
+			return permanentError{fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err)}
+		}
+	}
+	topic := r.Topic
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("destination publisher panicked: %v", p)
+		}
+	}()
+	if f.cfg.Topic != nil {
+		if topic, err = f.cfg.Topic(r.Topic, msg); err != nil {
+			return fmt.Errorf("topic mapping: %w", err)
+		}
+		if topic == "" {
+			return fmt.Errorf("topic mapping returned an empty topic for %q", r.Topic)
+		}
+	}
+	return f.cfg.Publisher.Publish(topic, msg)
+}
+
+func (f *Forwarder) recordFailure(ctx context.Context, fl failed) (dead bool, err error) {
+	attempts := fl.row.Attempts + 1
+	var perm permanentError
+	dead = errors.As(fl.err, &perm) || (f.cfg.MaxAttempts > 0 && attempts >= f.cfg.MaxAttempts)
+	fail := sqladapters.Failure{
+		ID:       fl.row.ID,
+		Attempts: attempts,
+		Error:    cleanError(fl.err),
+		Backoff:  f.backoff(attempts),
+		Dead:     dead,
+	}
+	fields := watermill.LogFields{"id": fl.row.ID, "uuid": fl.row.UUID, "topic": fl.row.Topic, "attempts": attempts}
+	if dead {
+		f.cfg.Logger.Error("millbox forwarder: row moved to the dead letters", fl.err, fields)
+	} else {
+		fields["retry_in"] = fail.Backoff.String()
+		f.cfg.Logger.Info("millbox forwarder: publish failed; will retry: "+fail.Error, fields)
+	}
+	if f.cfg.Hooks.OnFailure != nil {
+		f.cfg.Hooks.OnFailure(fail, fl.row)
+	}
+	_, err = f.cfg.Dialect.RecordFailure(fail).Exec(ctx, f.cfg.DB)
+	return dead, f.cfg.Dialect.ClassifyError(err)
+}
+
+// backoff is MinBackoff doubled per attempt, capped at MaxBackoff, ± jitter.
+func (f *Forwarder) backoff(attempts int) time.Duration {
+	d := f.cfg.MinBackoff
+	for i := 1; i < attempts && d < f.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, f.cfg.MaxBackoff)
+	if j := f.cfg.BackoffJitter; j > 0 && d > 0 {
+		d = time.Duration(float64(d) * (1 + j*(2*rand.Float64()-1)))
+	}
+	return d
+}
+
+// cleanError makes an error storable as text in every database: valid
+// UTF-8, no NUL bytes, bounded length.
+func cleanError(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) > maxErrorLength {
+		s = s[:maxErrorLength]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
+
+func queryInt(ctx context.Context, e sqladapters.Executor, q sqladapters.Query) (int, error) {
+	rows, err := q.Query(ctx, e)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var n int
+	if rows.Next() {
+		if err := rows.Scan(&n); err != nil {
+			return 0, err
+		}
+	}
+	return n, rows.Err()
+}

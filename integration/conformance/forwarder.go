@@ -1,0 +1,502 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// Recorder is a destination publisher that keeps what it was given. It can
+// be told to reject messages.
+type Recorder struct {
+	mu     sync.Mutex
+	msgs   []Delivered
+	byUUID map[string]int
+	// Reject, when set, decides whether to fail a publish.
+	Reject func(topic string, msg *message.Message) error
+	closed bool
+}
+
+// Delivered is one message as the destination received it.
+type Delivered struct {
+	Topic    string
+	UUID     string
+	Payload  []byte
+	Metadata message.Metadata
+	At       time.Time
+}
+
+// NewRecorder returns an empty recorder.
+func NewRecorder() *Recorder { return &Recorder{byUUID: map[string]int{}} }
+
+// Publish records msgs unless Reject fails one.
+func (r *Recorder) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		r.mu.Lock()
+		reject := r.Reject
+		r.mu.Unlock()
+		if reject != nil {
+			if err := reject(topic, m); err != nil {
+				return err
+			}
+		}
+		r.mu.Lock()
+		r.msgs = append(r.msgs, Delivered{Topic: topic, UUID: m.UUID, Payload: m.Payload, Metadata: m.Metadata, At: time.Now()})
+		r.byUUID[m.UUID]++
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+// Close implements message.Publisher.
+func (r *Recorder) Close() error { r.closed = true; return nil }
+
+// SetReject replaces the reject function.
+func (r *Recorder) SetReject(f func(topic string, msg *message.Message) error) {
+	r.mu.Lock()
+	r.Reject = f
+	r.mu.Unlock()
+}
+
+// Messages returns a copy of everything delivered, in delivery order.
+func (r *Recorder) Messages() []Delivered {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Delivered(nil), r.msgs...)
+}
+
+// Distinct returns how many different UUIDs arrived.
+func (r *Recorder) Distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.byUUID)
+}
+
+// WaitFor waits until n distinct UUIDs arrived.
+func (r *Recorder) WaitFor(t testing.TB, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for r.Distinct() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v, %d of %d messages arrived", timeout, r.Distinct(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// CheckKeyOrder fails unless, for every key, the first delivery of each
+// message follows the "seq" metadata order, and no seq is missing.
+func CheckKeyOrder(t testing.TB, msgs []Delivered, keyField string) {
+	t.Helper()
+	last := map[string]int{}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if seen[m.UUID] {
+			continue // a redelivery; order is about first arrivals
+		}
+		seen[m.UUID] = true
+		key := m.Metadata.Get(keyField)
+		seq, err := strconv.Atoi(m.Metadata.Get("seq"))
+		if err != nil {
+			t.Fatalf("message %s without seq", m.UUID)
+		}
+		if prev, ok := last[key]; ok && seq <= prev {
+			t.Fatalf("key %s: seq %d arrived after %d", key, seq, prev)
+		}
+		last[key] = seq
+	}
+}
+
+// WriteKeyed commits n messages through the outbox in transactions of
+// perTx messages each, from writers goroutines; message i of key k has
+// metadata seq i. Keys are assigned so that each writer owns whole keys,
+// which keeps each key's commit order equal to its seq order.
+func WriteKeyed(t testing.TB, ctx context.Context, src TxSource, d sqladapters.Dialect, topic string, keys, perKey, perTx, writers int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := 0; seq < perKey; seq += perTx {
+				tx := src.Begin(t.(*testing.T), ctx)
+				pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+				if err != nil {
+					errs <- err
+					return
+				}
+				var msgs []*message.Message
+				for k := w; k < keys; k += writers {
+					for s := seq; s < min(seq+perTx, perKey); s++ {
+						m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf("k%d-%d", k, s)))
+						m.Metadata.Set(forwarder.DefaultKeyMetadataField, fmt.Sprintf("key-%d", k))
+						m.Metadata.Set("seq", strconv.Itoa(s))
+						msgs = append(msgs, m)
+					}
+				}
+				if err := pub.Publish(topic, msgs...); err != nil {
+					sqladapters.Rollback(tx)
+					errs <- err
+					return
+				}
+				if err := tx.Commit(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// StartForwarder runs a forwarder until the test ends.
+func StartForwarder(t testing.TB, cfg forwarder.Config) *forwarder.Forwarder {
+	t.Helper()
+	f, err := forwarder.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- f.Run(context.Background()) }()
+	select {
+	case <-f.Running():
+	case err := <-errc:
+		t.Fatalf("forwarder stopped at start: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("forwarder did not start within 20s")
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Errorf("close forwarder: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Errorf("forwarder run: %v", err)
+		}
+	})
+	return f
+}
+
+// Forwarder runs the forwarder suite: delivery, per-key order with several
+// instances, retries, dead letters, audit mode, graceful close and bad
+// configuration.
+func Forwarder(t *testing.T, env Env) {
+	ctx := context.Background()
+	src := env.Sources[0]
+	fast := func(d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
+		return forwarder.Config{
+			DB: env.DB, Dialect: d, Publisher: dest,
+			PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second,
+			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+			Partitions: 8,
+		}
+	}
+
+	t.Run("DeliversEverythingIntact", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		StartForwarder(t, fast(d, rec))
+		tx := src.Begin(t, ctx)
+		pub := newPub(t, tx, d)
+		var sent []*message.Message
+		for i := range 50 {
+			m := message.NewMessage(watermill.NewUUID(), []byte{byte(i), 0x00, 0xff})
+			m.Metadata.Set("i", strconv.Itoa(i))
+			if i%2 == 0 {
+				m.Metadata.Set(forwarder.DefaultKeyMetadataField, "k")
+			}
+			sent = append(sent, m)
+		}
+		if err := pub.Publish("topic-a", sent...); err != nil {
+			t.Fatal(err)
+		}
+		commit(t, ctx, tx)
+		rec.WaitFor(t, len(sent), 20*time.Second)
+		got := map[string]Delivered{}
+		for _, m := range rec.Messages() {
+			got[m.UUID] = m
+		}
+		for _, m := range sent {
+			g, ok := got[m.UUID]
+			if !ok || g.Topic != "topic-a" || string(g.Payload) != string(m.Payload) || len(g.Metadata) != len(m.Metadata) {
+				t.Fatalf("message %s arrived as %+v", m.UUID, g)
+			}
+			for k, v := range m.Metadata {
+				if g.Metadata.Get(k) != v {
+					t.Fatalf("metadata %s = %q, want %q", k, g.Metadata.Get(k), v)
+				}
+			}
+		}
+		waitEmpty(t, ctx, env, d)
+	})
+
+	t.Run("PerKeyOrderWithThreeInstances", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		var fs []*forwarder.Forwarder
+		for range 3 {
+			cfg := fast(d, rec)
+			cfg.BatchSize = 200
+			fs = append(fs, StartForwarder(t, cfg))
+		}
+		WaitSpread(t, fs, 8)
+		const keys, perKey = 40, 50
+		WriteKeyed(t, ctx, src, d, "ordered", keys, perKey, 5, 4)
+		rec.WaitFor(t, keys*perKey, 60*time.Second)
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+		waitEmpty(t, ctx, env, d)
+	})
+
+	t.Run("FailingKeyWaitsAndKeepsOrder", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		var mu sync.Mutex
+		failures := 0
+		rec.SetReject(func(_ string, m *message.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if m.Metadata.Get(forwarder.DefaultKeyMetadataField) == "bad" && m.Metadata.Get("seq") == "0" && failures < 3 {
+				failures++
+				return errors.New("destination refused (transient)")
+			}
+			return nil
+		})
+		tx := src.Begin(t, ctx)
+		pub := newPub(t, tx, d)
+		for _, key := range []string{"bad", "good"} {
+			for s := range 10 {
+				m := message.NewMessage(watermill.NewUUID(), nil)
+				m.Metadata.Set(forwarder.DefaultKeyMetadataField, key)
+				m.Metadata.Set("seq", strconv.Itoa(s))
+				if err := pub.Publish("t", m); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		commit(t, ctx, tx)
+		StartForwarder(t, fast(d, rec))
+		rec.WaitFor(t, 20, 20*time.Second)
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+		mu.Lock()
+		if failures != 3 {
+			t.Fatalf("head of key bad failed %d times, want 3", failures)
+		}
+		mu.Unlock()
+	})
+
+	t.Run("PoisonMessageIsDeadLettered", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		poison := watermill.NewUUID()
+		rec.SetReject(func(_ string, m *message.Message) error {
+			if m.UUID == poison {
+				return errors.New("destination rejects this message: \xff bad bytes \x00")
+			}
+			return nil
+		})
+		tx := src.Begin(t, ctx)
+		pub := newPub(t, tx, d)
+		var total int
+		for i := range 30 {
+			uuid := watermill.NewUUID()
+			if i == 0 {
+				uuid = poison
+			}
+			m := message.NewMessage(uuid, nil)
+			m.Metadata.Set(forwarder.DefaultKeyMetadataField, fmt.Sprint("key-", i%3))
+			m.Metadata.Set("seq", strconv.Itoa(i))
+			if err := pub.Publish("t", m); err != nil {
+				t.Fatal(err)
+			}
+			total++
+		}
+		commit(t, ctx, tx)
+		cfg := fast(d, rec)
+		cfg.MaxAttempts = 3
+		f := StartForwarder(t, cfg)
+		// Everything but the poison message arrives, including the later
+		// messages of the poison message's key once it is dead.
+		rec.WaitFor(t, total-1, 30*time.Second)
+		var dead []sqladapters.DeadLetter
+		deadline := time.Now().Add(10 * time.Second)
+		for len(dead) == 0 && time.Now().Before(deadline) {
+			var err error
+			if dead, err = forwarder.DeadLetters(ctx, env.DB, d, 0, 10); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if len(dead) != 1 || dead[0].UUID != poison || dead[0].Attempts != 3 || dead[0].LastError == "" {
+			t.Fatalf("dead letters %+v", dead)
+		}
+		// Requeued and accepted this time, it is delivered.
+		rec.SetReject(nil)
+		if n, err := forwarder.RequeueDeadLetters(ctx, env.DB, d, dead[0].ID); err != nil || n != 1 {
+			t.Fatalf("requeue: %d, %v", n, err)
+		}
+		rec.WaitFor(t, total, 20*time.Second)
+		_ = f
+		waitEmpty(t, ctx, env, d)
+	})
+
+	t.Run("KeepForwardedRows", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		cfg := fast(d, rec)
+		cfg.KeepForwarded = true
+		StartForwarder(t, cfg)
+		tx := src.Begin(t, ctx)
+		pub := newPub(t, tx, d)
+		for range 10 {
+			if err := pub.Publish("audit", message.NewMessage(watermill.NewUUID(), nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		commit(t, ctx, tx)
+		rec.WaitFor(t, 10, 20*time.Second)
+		waitEmpty(t, ctx, env, d)
+		time.Sleep(300 * time.Millisecond)
+		if n := len(rec.Messages()); n != 10 {
+			t.Fatalf("kept rows were published %d times, want 10", n)
+		}
+		var kept int
+		rows, err := env.DB.Query(ctx, `SELECT count(*) FROM `+d.OutboxTable()+` WHERE published_at IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			_ = rows.Scan(&kept)
+		}
+		rows.Close()
+		if kept != 10 {
+			t.Fatalf("%d rows kept with published_at, want 10", kept)
+		}
+	})
+
+	t.Run("GracefulCloseWhileBusy", func(t *testing.T) {
+		d := env.NewDialect(t)
+		slow := NewRecorder()
+		slow.SetReject(func(string, *message.Message) error { time.Sleep(2 * time.Millisecond); return nil })
+		WriteKeyed(t, ctx, src, d, "busy", 20, 100, 20, 4)
+		cfg := fast(d, slow)
+		cfg.Concurrency = 4
+		cfg.CloseTimeout = 10 * time.Second
+		f, err := forwarder.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- f.Run(ctx) }()
+		<-f.Running()
+		for slow.Distinct() < 100 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatalf("close while busy: %v", err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		if slow.Distinct() == 2000 {
+			t.Fatal("everything was forwarded before Close; the test did not close a busy forwarder")
+		}
+		// Nothing is lost: a new forwarder delivers the rest.
+		StartForwarder(t, fast(d, slow))
+		slow.WaitFor(t, 2000, 60*time.Second)
+		CheckKeyOrder(t, slow.Messages(), forwarder.DefaultKeyMetadataField)
+	})
+
+	t.Run("BadConfig", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		for name, cfg := range map[string]forwarder.Config{
+			"no DB":          {Dialect: d, Publisher: rec},
+			"no dialect":     {DB: env.DB, Publisher: rec},
+			"no publisher":   {DB: env.DB, Dialect: d},
+			"batch":          {DB: env.DB, Dialect: d, Publisher: rec, BatchSize: -1},
+			"partitions":     {DB: env.DB, Dialect: d, Publisher: rec, Partitions: 100000},
+			"backoff":        {DB: env.DB, Dialect: d, Publisher: rec, MinBackoff: time.Minute, MaxBackoff: time.Second},
+			"tiny lease TTL": {DB: env.DB, Dialect: d, Publisher: rec, LeaseTTL: time.Millisecond},
+		} {
+			if _, err := forwarder.New(cfg); !errors.Is(err, forwarder.ErrInvalidConfig) {
+				t.Fatalf("%s: want ErrInvalidConfig, got %v", name, err)
+			}
+		}
+		// Instances that disagree on Partitions refuse to start.
+		StartForwarder(t, fast(d, rec))
+		cfg := fast(d, rec)
+		cfg.Partitions = 4
+		f, err := forwarder.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Run(ctx); !errors.Is(err, forwarder.ErrInvalidConfig) {
+			t.Fatalf("mismatched partitions: want ErrInvalidConfig, got %v", err)
+		}
+	})
+
+	t.Run("MissingTables", func(t *testing.T) {
+		if env.NewUnmigratedDialect == nil {
+			t.Skip("no unmigrated dialect")
+		}
+		f, err := forwarder.New(forwarder.Config{DB: env.DB, Dialect: env.NewUnmigratedDialect(t), Publisher: NewRecorder()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Run(ctx); !errors.Is(err, sqladapters.ErrMissingTable) {
+			t.Fatalf("want ErrMissingTable, got %v", err)
+		}
+	})
+}
+
+// WaitSpread waits until every forwarder leases some of the partitions
+// and together they lease all of them.
+func WaitSpread(t testing.TB, fs []*forwarder.Forwarder, partitions int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		total, each := 0, true
+		for _, f := range fs {
+			n := len(f.Partitions())
+			total += n
+			each = each && n > 0
+		}
+		if each && total == partitions {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions did not spread over %d instances", len(fs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitEmpty waits until the outbox has no pending rows.
+func waitEmpty(t testing.TB, ctx context.Context, env Env, d sqladapters.Dialect) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n := len(ReadPending(t, ctx, env.DB, d))
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows still pending", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
