@@ -1,6 +1,11 @@
 package integration_test
 
 import (
+	"context"
+	"database/sql"
+	"os"
+	"os/signal"
+	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -12,4 +17,10 @@ func TestMain(m *testing.M) {
 		// pools shared by the whole package are closed at exit.
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),
 	)
+}
+
+var sqlTxOptions = sql.TxOptions{}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }

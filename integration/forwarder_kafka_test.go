@@ -1,0 +1,288 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/integration/conformance"
+	"github.com/millbox/millbox/integration/testenv"
+	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/pgxv5"
+	"github.com/millbox/millbox/sqladapters/postgres"
+)
+
+// consumeGroup reads topic with a watermill-kafka consumer group, the way a
+// user's service would, and records every delivery.
+func consumeGroup(t *testing.T, addrs []string, topic string) *conformance.Recorder {
+	t.Helper()
+	_ = testenv.KafkaSaramaConfig() // turns sarama's go-metrics off before any client starts
+	sc := kafka.DefaultSaramaSubscriberConfig()
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sc.Metadata.Retry.Backoff = 250 * time.Millisecond
+	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+		Brokers:               addrs,
+		Unmarshaler:           testenv.KeyMarshaler(),
+		ConsumerGroup:         testenv.UniqueName("group_"),
+		OverwriteSaramaConfig: sc,
+	}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := conformance.NewRecorder()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range msgs {
+			_ = rec.Publish(topic, m)
+			m.Ack()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		_ = sub.Close()
+		<-done
+	})
+	return rec
+}
+
+func pgxSource(pool interface {
+	sqladapters.DB
+}) conformance.TxSource {
+	return conformance.TxSource{Name: "pgxpool", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
+		tx, err := pool.Begin(ctx, sqlTxOptions)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}}
+}
+
+// TestForwarderKafkaThreeInstances: 3 forwarders, 200 keys, 50,000
+// messages from concurrent transactions, into a Kafka consumer group.
+func TestForwarderKafkaThreeInstances(t *testing.T) {
+	pool := testenv.Postgres(t)
+	db := pgxv5.WrapPool(pool)
+	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
+	k := testenv.StartKafka(t, "orders")
+	rec := consumeGroup(t, k.Addrs(), "orders")
+
+	var fs []*forwarder.Forwarder
+	for range 3 {
+		fs = append(fs, conformance.StartForwarder(t, forwarder.Config{
+			DB: db, Dialect: d, Publisher: k.KeyedPublisher(t),
+			LeaseTTL: 3 * time.Second, Partitions: 12,
+		}))
+	}
+	conformance.WaitSpread(t, fs, 12)
+
+	const keys, perKey = 200, 250
+	conformance.WriteKeyed(t, context.Background(), pgxSource(db), d, "orders", keys, perKey, 10, 8)
+	rec.WaitFor(t, keys*perKey, 3*time.Minute)
+	conformance.CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	time.Sleep(500 * time.Millisecond)
+	if got := len(rec.Messages()); got != keys*perKey {
+		t.Fatalf("%d deliveries of %d messages: a clean run must not duplicate", got, keys*perKey)
+	}
+	for _, f := range fs {
+		if len(f.Partitions()) == 0 {
+			t.Fatalf("an instance ended with no partitions")
+		}
+	}
+}
+
+// TestForwarderKafkaOutage stops the broker for 10 s while messages keep
+// being written; forwarding resumes by itself and nothing is lost, and the
+// forwarder stays nearly idle while the broker is down.
+func TestForwarderKafkaOutage(t *testing.T) {
+	pool := testenv.Postgres(t)
+	db := pgxv5.WrapPool(pool)
+	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
+	k := testenv.StartKafka(t, "outage")
+	conformance.StartForwarder(t, forwarder.Config{
+		DB: db, Dialect: d, Publisher: k.KeyedPublisher(t),
+		MinBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second, MaxAttempts: -1,
+	})
+	ctx := context.Background()
+	conformance.WriteKeyed(t, ctx, pgxSource(db), d, "outage", 20, 50, 10, 2)
+
+	k.Stop()
+	cpu0 := cpuTime()
+	wall0 := time.Now()
+	conformance.WriteKeyed(t, ctx, pgxSource(db), d, "outage2", 20, 50, 10, 2)
+	time.Sleep(10*time.Second - time.Since(wall0))
+	cpu := (cpuTime() - cpu0).Seconds() / time.Since(wall0).Seconds()
+	t.Logf("CPU while the broker was down: %.1f%% of one core", 100*cpu)
+	if err := k.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	rec := conformance.NewRecorder()
+	for _, topic := range []string{"outage", "outage2"} {
+		r := consumeGroup(t, k.Addrs(), topic)
+		defer func() {
+			for _, m := range r.Messages() {
+				_ = rec.Publish(m.Topic, &message.Message{UUID: m.UUID, Metadata: m.Metadata})
+			}
+		}()
+		r.WaitFor(t, 1000, 2*time.Minute)
+		conformance.CheckKeyOrder(t, r.Messages(), forwarder.DefaultKeyMetadataField)
+	}
+	// The forwarder process does nothing useful while the broker is down;
+	// it must not spin (a generous bound: half a core).
+	if cpu > 0.5 {
+		t.Fatalf("forwarder used %.0f%% of a core while the broker was down", 100*cpu)
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestForwarderKafkaPoisonMessage: the Kafka publisher rejects one oversized
+// message every time (over the 1 MiB Kafka default); it ends in the dead
+// letters with the publisher's error while every other message, on the
+// same topic and other keys, is delivered.
+func TestForwarderKafkaPoisonMessage(t *testing.T) {
+	pool := testenv.Postgres(t)
+	db := pgxv5.WrapPool(pool)
+	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
+	k := testenv.StartKafka(t, "poison")
+	conformance.StartForwarder(t, forwarder.Config{
+		DB: db, Dialect: d, Publisher: k.KeyedPublisher(t),
+		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 3,
+	})
+	ctx := context.Background()
+	tx, err := db.Begin(ctx, sqlTxOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+	big := message.NewMessage(watermill.NewUUID(), make([]byte, 3<<20)) // over Kafka's 1 MiB default
+	big.Metadata.Set(forwarder.DefaultKeyMetadataField, "poison-key")
+	if err := pub.Publish("poison", big); err != nil {
+		t.Fatal(err)
+	}
+	tx.Commit(ctx)
+	conformance.WriteKeyed(t, ctx, pgxSource(db), d, "poison", 10, 20, 5, 2)
+	rec := consumeGroup(t, k.Addrs(), "poison")
+	rec.WaitFor(t, 200, time.Minute)
+	var dead []sqladapters.DeadLetter
+	for deadline := time.Now().Add(time.Minute); len(dead) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if dead, err = forwarder.DeadLetters(ctx, db, d, 0, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(dead) != 1 || dead[0].UUID != big.UUID || dead[0].Attempts != 3 || !strings.Contains(dead[0].LastError, "larger than") {
+		t.Fatalf("dead letters: %d, first %+v", len(dead), deadSummary(dead))
+	}
+}
+
+func deadSummary(dead []sqladapters.DeadLetter) string {
+	var b strings.Builder
+	for _, d := range dead {
+		fmt.Fprintf(&b, "[%s attempts=%d err=%q] ", d.UUID, d.Attempts, d.LastError)
+	}
+	return b.String()
+}
+
+// TestForwarderCrash kills forwarder processes with SIGKILL at random
+// moments while 20,000 messages flow: nothing is lost, per-key order of
+// first deliveries holds, and duplicates (batches in flight at a kill) are
+// counted.
+func TestForwarderCrash(t *testing.T) {
+	if os.Getenv("MILLBOX_CRASH_CHILD") != "" {
+		t.Skip("child mode")
+	}
+	pool := testenv.Postgres(t)
+	db := pgxv5.WrapPool(pool)
+	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
+	k := testenv.StartKafka(t, "crash")
+	rec := consumeGroup(t, k.Addrs(), "crash")
+	ctx := context.Background()
+
+	start := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestForwarderCrashChild$", "-test.v")
+		cmd.Env = append(os.Environ(),
+			"MILLBOX_CRASH_CHILD=1",
+			"MILLBOX_CRASH_SCHEMA="+d.Schema(),
+			"MILLBOX_CRASH_KAFKA="+k.Addr(),
+		)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		conformance.WriteKeyed(t, ctx, pgxSource(db), d, "crash", 100, 200, 5, 4)
+	}()
+	kills := 0
+	for i := 0; i < 6; i++ {
+		cmd := start()
+		time.Sleep(time.Duration(700+i*173%500) * time.Millisecond)
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		kills++
+	}
+	<-written
+	last := start()
+	defer func() {
+		_ = last.Process.Signal(syscall.SIGTERM)
+		_ = last.Wait()
+	}()
+	rec.WaitFor(t, 20000, 3*time.Minute)
+	conformance.CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	dups := len(rec.Messages()) - rec.Distinct()
+	t.Logf("%d kills, 20000 messages, 0 lost, %d duplicates from batches in flight at a kill", kills, dups)
+	if dups > kills*2*forwarder.DefaultBatchSize {
+		t.Fatalf("%d duplicates is more than the batches in flight at %d kills", dups, kills)
+	}
+}
+
+// TestForwarderCrashChild is the forwarder process TestForwarderCrash
+// kills; it does nothing unless started by it.
+func TestForwarderCrashChild(t *testing.T) {
+	if os.Getenv("MILLBOX_CRASH_CHILD") == "" {
+		t.Skip("run by TestForwarderCrash")
+	}
+	pool := testenv.Postgres(t)
+	d := postgres.MustNew(postgres.Options{Schema: os.Getenv("MILLBOX_CRASH_SCHEMA")})
+	pub, err := testenv.NewKafkaPublisher([]string{os.Getenv("MILLBOX_CRASH_KAFKA")}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := forwarder.New(forwarder.Config{
+		DB: pgxv5.WrapPool(pool), Dialect: d, Publisher: pub, LeaseTTL: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	if err := f.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = pub.Close()
+}
