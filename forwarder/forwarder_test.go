@@ -1,0 +1,55 @@
+package forwarder
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+func TestBackoffGrowsAndIsCapped(t *testing.T) {
+	f := &Forwarder{cfg: Config{MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}}
+	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
+	for i, w := range want {
+		if got := f.backoff(i + 1); got != w*time.Millisecond {
+			t.Fatalf("attempt %d: backoff %v, want %v", i+1, got, w*time.Millisecond)
+		}
+	}
+	f.cfg.BackoffJitter = 0.5
+	for range 1000 {
+		if d := f.backoff(1); d < 50*time.Millisecond || d > 150*time.Millisecond {
+			t.Fatalf("jittered backoff %v outside ±50%%", d)
+		}
+	}
+}
+
+func TestCleanErrorIsStorable(t *testing.T) {
+	s := cleanError(errors.New("bad \xff\xfe bytes \x00 and " + strings.Repeat("é", 3000)))
+	if !utf8.ValidString(s) || strings.ContainsRune(s, 0) || len(s) > maxErrorLength {
+		t.Fatalf("not storable: valid=%v len=%d", utf8.ValidString(s), len(s))
+	}
+}
+
+func TestConfigDefaultsAndValidation(t *testing.T) {
+	var c Config
+	c.setDefaults()
+	if c.BatchSize != DefaultBatchSize || c.Concurrency != DefaultConcurrency || c.Partitions != DefaultPartitions ||
+		c.LeaseTTL != DefaultLeaseTTL || c.MaxAttempts != DefaultMaxAttempts || c.InstanceID == "" || c.Logger == nil {
+		t.Fatalf("defaults not applied: %+v", c)
+	}
+	if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Config.DB") {
+		t.Fatalf("missing DB: %v", err)
+	}
+}
+
+func TestKeyHashIsStableAndNonNegative(t *testing.T) {
+	if KeyHash("customer-1") != KeyHash("customer-1") {
+		t.Fatal("key hash not stable")
+	}
+	for _, k := range []string{"", "a", "customer-42", strings.Repeat("x", 1000)} {
+		if KeyHash(k) < 0 {
+			t.Fatalf("negative hash for %q", k)
+		}
+	}
+}

@@ -1,0 +1,83 @@
+package postgres_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/postgres"
+)
+
+func TestNewRejectsHostileNames(t *testing.T) {
+	for _, o := range []postgres.Options{
+		{Schema: `public"; DROP SCHEMA public; --`},
+		{OutboxTable: "outbox x"},
+		{InboxTable: `inbox"`},
+		{OutboxTable: strings.Repeat("a", postgres.MaxTableNameLength+1)},
+		{OutboxTable: "same", InboxTable: "same"},
+	} {
+		if _, err := postgres.New(o); !errors.Is(err, sqladapters.ErrInvalidName) {
+			t.Fatalf("%+v accepted: %v", o, err)
+		}
+	}
+}
+
+func TestNamesAreQuotedAndQualified(t *testing.T) {
+	d := postgres.MustNew(postgres.Options{Schema: "app", OutboxTable: "events"})
+	if d.OutboxTable() != `"app"."events"` || d.InboxTable() != `"app"."millbox_inbox"` {
+		t.Fatalf("names %s %s", d.OutboxTable(), d.InboxTable())
+	}
+	if d.NotifyChannel() != "millbox_app_events" {
+		t.Fatalf("channel %q", d.NotifyChannel())
+	}
+	long := postgres.MustNew(postgres.Options{Schema: strings.Repeat("s", 40), OutboxTable: strings.Repeat("t", 40)})
+	if c := long.NotifyChannel(); len(c) > 63 {
+		t.Fatalf("channel %q longer than 63 bytes", c)
+	}
+	if postgres.MustNew(postgres.Options{DisableNotify: true}).NotifyChannel() != "" {
+		t.Fatal("notify not disabled")
+	}
+}
+
+func TestInsertOutboxChunksUnderTheParameterLimit(t *testing.T) {
+	d := postgres.MustNew(postgres.Options{})
+	msgs := make([]sqladapters.OutboxMessage, 12001)
+	qs := d.InsertOutbox(msgs)
+	if len(qs) != 3 {
+		t.Fatalf("%d statements, want 3", len(qs))
+	}
+	total := 0
+	for i, q := range qs {
+		if len(q.Args) > 65535 {
+			t.Fatalf("statement %d has %d parameters", i, len(q.Args))
+		}
+		notifies := strings.Contains(q.SQL, "pg_notify")
+		if notifies != (i == len(qs)-1) {
+			t.Fatalf("statement %d notify=%v; only the last one should notify", i, notifies)
+		}
+		total += len(q.Args) / 6
+	}
+	if total != len(msgs) {
+		t.Fatalf("%d rows inserted, want %d", total, len(msgs))
+	}
+}
+
+func TestClassifyError(t *testing.T) {
+	d := postgres.MustNew(postgres.Options{})
+	if err := d.ClassifyError(pgErr("42P01")); !errors.Is(err, sqladapters.ErrMissingTable) || !strings.Contains(err.Error(), "Migrate") {
+		t.Fatalf("undefined table: %v", err)
+	}
+	if err := d.ClassifyError(pgErr("23505")); !errors.Is(err, sqladapters.ErrDuplicate) {
+		t.Fatalf("unique violation: %v", err)
+	}
+	other := pgErr("40001")
+	if err := d.ClassifyError(other); err != other {
+		t.Fatalf("other error changed: %v", err)
+	}
+}
+
+type pgErr string
+
+func (e pgErr) Error() string    { return "pg error " + string(e) }
+func (e pgErr) SQLState() string { return string(e) }
