@@ -70,8 +70,7 @@ type Forwarder struct {
 	ackCh      chan []int64
 	ackWG      sync.WaitGroup
 
-	stopping atomic.Bool
-	laneSeq  atomic.Uint64
+	laneSeq atomic.Uint64
 }
 
 // New validates cfg and returns a forwarder. It starts nothing: call Run.
@@ -189,7 +188,6 @@ func (f *Forwarder) Close() error {
 	if !started {
 		return nil
 	}
-	f.stopping.Store(true)
 	cancel()
 	select {
 	case <-f.done:
@@ -334,7 +332,7 @@ func (f *Forwarder) round(ctx context.Context, owned []int) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = f.publishLane(lane)
+			results[i] = f.publishLane(ctx, lane)
 		}()
 	}
 	wg.Wait()
@@ -414,13 +412,13 @@ func (f *Forwarder) read(ctx context.Context, owned []int) ([]sqladapters.Outbox
 // publishLane publishes the rows of one lane in order. After a row of a
 // key fails, the key's later rows of this round are left pending: they
 // wait for the failed row's retry.
-func (f *Forwarder) publishLane(rows []sqladapters.OutboxRow) laneResult {
+func (f *Forwarder) publishLane(ctx context.Context, rows []sqladapters.OutboxRow) laneResult {
 	var res laneResult
 	var blocked map[string]bool
 	for i, r := range rows {
 		// Once stopping or out of lease, leave the rest for later (or
 		// for the next owner), in order.
-		if f.stopping.Load() || !f.leaseValid() {
+		if ctx.Err() != nil || !f.leaseValid() {
 			res.skipped += len(rows) - i
 			return res
 		}
