@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -288,5 +287,4 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 			t.Fatalf("%d rows after rejected publishes", n)
 		}
 	})
-	_ = time.Second
 }

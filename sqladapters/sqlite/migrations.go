@@ -1,0 +1,96 @@
+package sqlite
+
+import (
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// Migrations lists the schema versions.
+func (d *Dialect) Migrations() []sqladapters.Migration {
+	o, t := d.outbox, d.opts.OutboxTable
+	return []sqladapters.Migration{{
+		Version: 1,
+		Name:    "outbox, leases and inbox",
+		Statements: []string{
+			// AUTOINCREMENT: ids are never reused after deletes (see the
+			// package documentation).
+			`CREATE TABLE IF NOT EXISTS ` + o + ` (
+	id              INTEGER PRIMARY KEY AUTOINCREMENT,
+	topic           TEXT      NOT NULL,
+	uuid            TEXT      NOT NULL,
+	payload         BLOB      NOT NULL,
+	metadata        TEXT      NOT NULL DEFAULT '{}',
+	key             TEXT,
+	key_hash        INTEGER   NOT NULL DEFAULT 0,
+	created_at      TIMESTAMP NOT NULL DEFAULT (` + now + `),
+	attempts        INTEGER   NOT NULL DEFAULT 0,
+	last_error      TEXT,
+	next_attempt_at TIMESTAMP NOT NULL DEFAULT (` + now + `),
+	dead_at         TIMESTAMP,
+	published_at    TIMESTAMP
+)`,
+			// The forwarder reads pending rows in id order through this index.
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_pending_idx") + ` ON ` + o +
+				` (id) WHERE dead_at IS NULL AND published_at IS NULL`,
+			// Rows that failed at least once; a key with such a row waits for it.
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_retry_idx") + ` ON ` + o +
+				` (key, id) WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_dead_idx") + ` ON ` + o +
+				` (id) WHERE dead_at IS NOT NULL`,
+			`CREATE TABLE IF NOT EXISTS ` + d.leases + ` (
+	partition  INTEGER PRIMARY KEY,
+	owner      TEXT,
+	expires_at TIMESTAMP
+)`,
+			// WITHOUT ROWID: the primary key is the table, so an insert
+			// writes one b-tree instead of a table and its key index.
+			`CREATE TABLE IF NOT EXISTS ` + d.members + ` (
+	instance   TEXT PRIMARY KEY,
+	expires_at TIMESTAMP NOT NULL
+) WITHOUT ROWID`,
+			`CREATE TABLE IF NOT EXISTS ` + d.inbox + ` (
+	consumer    TEXT      NOT NULL,
+	message_id  TEXT      NOT NULL,
+	received_at TIMESTAMP NOT NULL DEFAULT (` + now + `),
+	PRIMARY KEY (consumer, message_id)
+) WITHOUT ROWID`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
+		},
+	}}
+}
+
+// LockMigrations makes the migration transaction a writer from its first
+// statement, which is how SQLite serializes migrators: it has no advisory
+// locks, and a deferred transaction that reads the applied versions and
+// then writes fails with SQLITE_BUSY, without waiting, when another
+// migrator wrote first. A write as the first statement instead waits for the
+// lock under the busy timeout, like BEGIN IMMEDIATE, whatever the driver's
+// transaction mode. The lock statement creates a scratch table, which is
+// always a write (a no-op CREATE TABLE IF NOT EXISTS is not); the unlock
+// statement drops it in the same transaction, so it is never committed.
+// A second migrator waits, then finds the versions applied.
+func (d *Dialect) LockMigrations() (lock, unlock sqladapters.Query) {
+	return sqladapters.Query{SQL: `CREATE TABLE ` + d.migrateLock + ` (held INTEGER)`},
+		sqladapters.Query{SQL: `DROP TABLE ` + d.migrateLock}
+}
+
+// CreateMigrationsTable creates the version table.
+func (d *Dialect) CreateMigrationsTable() []sqladapters.Query {
+	return []sqladapters.Query{{SQL: `CREATE TABLE IF NOT EXISTS ` + d.migrate + ` (
+	version    INTEGER PRIMARY KEY,
+	name       TEXT      NOT NULL,
+	applied_at TIMESTAMP NOT NULL DEFAULT (` + now + `)
+)`}}
+}
+
+// AppliedMigrations selects the applied versions.
+func (d *Dialect) AppliedMigrations() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT version FROM ` + d.migrate + ` ORDER BY version`}
+}
+
+// RecordMigration records an applied version.
+func (d *Dialect) RecordMigration(version int, name string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `INSERT INTO ` + d.migrate + ` (version, name) VALUES (?, ?) ON CONFLICT (version) DO NOTHING`,
+		Args: []any{version, name},
+	}
+}

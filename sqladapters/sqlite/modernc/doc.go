@@ -1,0 +1,9 @@
+// Package modernc opens SQLite databases for millbox with the pure-Go
+// modernc.org/sqlite driver (no cgo), with the settings the SQLite dialect
+// needs on every pooled connection: WAL journal, a busy timeout,
+// synchronous=NORMAL and write transactions that take the lock when they
+// begin. See package sqladapters/sqlite for why each one matters.
+//
+// It is the only millbox package that imports modernc.org/sqlite; the
+// dialect itself works with any database/sql SQLite driver.
+package modernc

@@ -1,0 +1,216 @@
+package sqlite
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+const (
+	// DefaultOutboxTable is the outbox table name used when Options leaves
+	// it empty.
+	DefaultOutboxTable = "millbox_outbox"
+	// DefaultInboxTable is the inbox table name used when Options leaves it
+	// empty.
+	DefaultInboxTable = "millbox_inbox"
+	// MaxTableNameLength leaves room for the suffixes of derived names
+	// (indexes, lease, member and migration tables). SQLite has no length
+	// limit of its own; this is the Postgres dialect's, so a configuration
+	// moves between databases unchanged.
+	MaxTableNameLength = 48
+	// TimeLayout is the time.Layout of every time column: UTC with
+	// milliseconds, exactly as strftime('%Y-%m-%dT%H:%M:%fZ') writes it.
+	TimeLayout = "2006-01-02T15:04:05.000Z"
+
+	// rowsPerInsert keeps one INSERT (6 parameters a row) under SQLite's
+	// default limit of 32,766 parameters.
+	rowsPerInsert = 5000
+	// now is SQLite's clock in TimeLayout. SQLite reads the clock once per
+	// sqlite3_step, so all uses agree within an INSERT, UPDATE or DELETE
+	// and within each row of a SELECT.
+	now = `strftime('%Y-%m-%dT%H:%M:%fZ', 'now')`
+	// nowPlus is now shifted by a modifier argument made by offset.
+	nowPlus = `strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?)`
+)
+
+// Options names the tables of one millbox installation.
+type Options struct {
+	// OutboxTable defaults to DefaultOutboxTable. The lease, member and
+	// migration tables are named after it with suffixes _leases, _members
+	// and _migrations.
+	OutboxTable string
+	// InboxTable defaults to DefaultInboxTable.
+	InboxTable string
+}
+
+// Dialect is the SQLite dialect. Build it with New.
+type Dialect struct {
+	opts                                    Options
+	outbox, inbox, leases, members, migrate string
+	migrateLock                             string
+}
+
+var _ sqladapters.Dialect = (*Dialect)(nil)
+
+// New validates opts, applies defaults and returns the dialect.
+func New(opts Options) (*Dialect, error) {
+	if opts.OutboxTable == "" {
+		opts.OutboxTable = DefaultOutboxTable
+	}
+	if opts.InboxTable == "" {
+		opts.InboxTable = DefaultInboxTable
+	}
+	for _, f := range []struct{ field, name string }{
+		{"sqlite.Options.OutboxTable", opts.OutboxTable},
+		{"sqlite.Options.InboxTable", opts.InboxTable},
+	} {
+		if err := sqladapters.ValidateIdentifier(f.field, f.name); err != nil {
+			return nil, err
+		}
+		if len(f.name) > MaxTableNameLength {
+			return nil, fmt.Errorf("%w: %s %q is longer than %d bytes", sqladapters.ErrInvalidName, f.field, f.name, MaxTableNameLength)
+		}
+		// SQLite reserves names starting with sqlite_ for itself and
+		// refuses to create such tables.
+		if strings.HasPrefix(strings.ToLower(f.name), "sqlite_") {
+			return nil, fmt.Errorf("%w: %s %q starts with sqlite_, which SQLite reserves", sqladapters.ErrInvalidName, f.field, f.name)
+		}
+	}
+	// Tables and indexes share one namespace, in which SQLite compares
+	// names case-insensitively.
+	seen := map[string]bool{}
+	for _, name := range objectNames(opts) {
+		if seen[strings.ToLower(name)] {
+			return nil, fmt.Errorf("%w: sqlite.Options.OutboxTable %q and InboxTable %q both lead to a table or index named %q",
+				sqladapters.ErrInvalidName, opts.OutboxTable, opts.InboxTable, name)
+		}
+		seen[strings.ToLower(name)] = true
+	}
+	return &Dialect{
+		opts:        opts,
+		outbox:      quote(opts.OutboxTable),
+		inbox:       quote(opts.InboxTable),
+		leases:      quote(opts.OutboxTable + "_leases"),
+		members:     quote(opts.OutboxTable + "_members"),
+		migrate:     quote(opts.OutboxTable + "_migrations"),
+		migrateLock: quote(opts.OutboxTable + "_migration_lock"),
+	}, nil
+}
+
+// MustNew is New that panics on invalid options, for package-level
+// variables with constant names.
+func MustNew(opts Options) *Dialect {
+	d, err := New(opts)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+// objectNames lists every table and index an installation creates.
+func objectNames(opts Options) []string {
+	o, i := opts.OutboxTable, opts.InboxTable
+	return []string{
+		o, o + "_pending_idx", o + "_retry_idx", o + "_dead_idx",
+		o + "_leases", o + "_members", o + "_migrations", o + "_migration_lock",
+		i, i + "_received_idx",
+	}
+}
+
+// quote double-quotes a validated identifier, which never contains a quote.
+func quote(ident string) string { return `"` + ident + `"` }
+
+// Name returns "sqlite".
+func (d *Dialect) Name() string { return "sqlite" }
+
+// Features reports SQLite's capabilities: transactional DDL, and nothing
+// else a server database offers.
+func (d *Dialect) Features() sqladapters.Features {
+	return sqladapters.Features{
+		TransactionalDDL:  true,
+		Notify:            false,
+		SkipLocked:        false,
+		ConcurrentWriters: false,
+	}
+}
+
+// OutboxTable returns the quoted outbox table name.
+func (d *Dialect) OutboxTable() string { return d.outbox }
+
+// InboxTable returns the quoted inbox table name.
+func (d *Dialect) InboxTable() string { return d.inbox }
+
+// NotifyChannel returns "": SQLite has no notifications. Forwarders poll,
+// and are woken in-process by publishers in the same process.
+func (d *Dialect) NotifyChannel() string { return "" }
+
+// SQLite result codes ClassifyError recognizes.
+const (
+	codeError                = 1    // SQLITE_ERROR, which "no such table" is
+	codeConstraint           = 19   // SQLITE_CONSTRAINT, without extended codes
+	codeConstraintPrimaryKey = 1555 // SQLITE_CONSTRAINT_PRIMARYKEY
+	codeConstraintUnique     = 2067 // SQLITE_CONSTRAINT_UNIQUE
+)
+
+// coder is implemented by modernc.org/sqlite's *Error.
+type coder interface{ Code() int }
+
+// ClassifyError maps "no such table" to *sqladapters.MissingTableError and
+// a violated UNIQUE or PRIMARY KEY constraint to sqladapters.ErrDuplicate.
+// It reads the SQLite result code from errors with a Code() int method
+// (modernc.org/sqlite) and otherwise matches SQLite's error text, which
+// every driver passes on (mattn/go-sqlite3, ncruces/go-sqlite3).
+func (d *Dialect) ClassifyError(err error) error {
+	if err == nil || errors.Is(err, sqladapters.ErrMissingTable) || errors.Is(err, sqladapters.ErrDuplicate) {
+		return err
+	}
+	code, hasCode := 0, false
+	var c coder
+	if errors.As(err, &c) {
+		code, hasCode = c.Code(), true
+	}
+	msg := err.Error()
+	switch {
+	case code == codeConstraintUnique || code == codeConstraintPrimaryKey,
+		(!hasCode || code == codeConstraint) && strings.Contains(msg, "UNIQUE constraint failed"):
+		return fmt.Errorf("%w: %w", sqladapters.ErrDuplicate, err)
+	case (!hasCode || code == codeError) && strings.Contains(msg, "no such table"):
+		return &sqladapters.MissingTableError{Dialect: d.Name(), Err: err}
+	}
+	return err
+}
+
+// offset renders d as a strftime modifier such as "+1.500000 seconds".
+// SQLite keeps milliseconds.
+func offset(d time.Duration) string {
+	us := d.Microseconds()
+	sign := "+"
+	if us < 0 {
+		sign, us = "-", -us
+	}
+	return fmt.Sprintf("%s%d.%06d seconds", sign, us/1e6, us%1e6)
+}
+
+// formatTime renders t in TimeLayout, comparable with the time columns.
+func formatTime(t time.Time) string { return t.UTC().Format(TimeLayout) }
+
+// idList renders ids as a JSON array for json_each. One text parameter
+// keeps the SQL text the same for any number of ids, so the statement is
+// prepared once, and stays clear of the parameter limit.
+func idList[T int | int64](ids []T) string {
+	var b strings.Builder
+	b.Grow(len(ids)*8 + 2)
+	b.WriteByte('[')
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(int64(id), 10))
+	}
+	b.WriteByte(']')
+	return b.String()
+}
