@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -61,16 +60,17 @@ type Forwarder struct {
 	leaseDeadline time.Time
 
 	// batchMu is held by the main loop during a round, so partitions are
-	// never released while rows of theirs are in flight.
-	batchMu sync.Mutex
+	// never released while rows of theirs are in flight. The fields below
+	// it belong to the main loop.
+	batchMu         sync.Mutex
+	discardPrefetch bool            // set when partitions were released
+	heldKeys        map[string]bool // keys with rows left pending in the last round
 
 	// published rows whose delete is in flight; excluded from reads.
 	ackMu      sync.Mutex
 	ackPending map[int64]struct{}
 	ackCh      chan []int64
 	ackWG      sync.WaitGroup
-
-	laneSeq atomic.Uint64
 }
 
 // New validates cfg and returns a forwarder. It starts nothing: call Run.
@@ -230,18 +230,25 @@ var fastPolls = []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 
 func (f *Forwarder) loop(ctx context.Context) {
 	errDelay := time.Duration(0)
 	fast := len(fastPolls)
+	var next *prefetch
 	for ctx.Err() == nil {
-		owned, ok := f.currentOwned()
-		n := 0
-		var err error
-		if ok {
-			f.batchMu.Lock()
-			n, err = f.round(ctx, owned)
-			f.batchMu.Unlock()
+		f.batchMu.Lock()
+		if f.discardPrefetch {
+			f.discardPrefetch = false
+			next = next.drop()
 		}
+		var n int
+		var more bool
+		var err error
+		if owned, ok := f.currentOwned(); ok {
+			n, next, more, err = f.round(ctx, owned, next)
+		} else {
+			next = next.drop()
+		}
+		f.batchMu.Unlock()
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				break
 			}
 			errDelay = min(max(2*errDelay, 100*time.Millisecond), 5*time.Second)
 			f.cfg.Logger.Error("millbox forwarder: round failed; retrying", err, watermill.LogFields{"retry_in": errDelay.String()})
@@ -249,7 +256,7 @@ func (f *Forwarder) loop(ctx context.Context) {
 			continue
 		}
 		errDelay = 0
-		if n >= f.cfg.BatchSize {
+		if more {
 			continue
 		}
 		if n > 0 {
@@ -270,6 +277,36 @@ func (f *Forwarder) loop(ctx context.Context) {
 		}
 		timer.Stop()
 	}
+	next.drop()
+}
+
+// prefetch is the next batch, read while the current one is published.
+type prefetch struct {
+	done chan struct{}
+	rows []sqladapters.OutboxRow
+	err  error
+}
+
+// drop waits for the read to finish and forgets its rows: they were never
+// published and stay pending.
+func (p *prefetch) drop() *prefetch {
+	if p != nil {
+		<-p.done
+	}
+	return nil
+}
+
+func (f *Forwarder) startPrefetch(ctx context.Context, owned []int, inFlight []sqladapters.OutboxRow) *prefetch {
+	p := &prefetch{done: make(chan struct{})}
+	exclude := make([]int64, len(inFlight))
+	for i, r := range inFlight {
+		exclude[i] = r.ID
+	}
+	go func() {
+		defer close(p.done)
+		p.rows, p.err = f.read(ctx, owned, exclude)
+	}()
+	return p
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -305,34 +342,64 @@ type failed struct {
 	err error
 }
 
-type laneResult struct {
-	done    []int64
-	failed  []failed
-	skipped int
-}
-
-// round reads one batch, publishes it and records the outcome.
-func (f *Forwarder) round(ctx context.Context, owned []int) (int, error) {
+// round publishes one batch and records the outcome. The batch is the one
+// prefetched during the previous round, or read now; when it is full, the
+// next batch is read while this one is published. It returns the number of
+// rows handled, the next prefetch, and whether more rows are likely due.
+func (f *Forwarder) round(ctx context.Context, owned []int, pre *prefetch) (int, *prefetch, bool, error) {
 	start := time.Now()
-	rows, err := f.read(ctx, owned)
-	if err != nil || len(rows) == 0 {
-		return 0, err
-	}
-	lanes := make([][]sqladapters.OutboxRow, f.cfg.Concurrency)
-	for _, r := range rows {
-		i := f.lane(r.Key)
-		lanes[i] = append(lanes[i], r)
-	}
-	results := make([]laneResult, len(lanes))
-	var wg sync.WaitGroup
-	for i, lane := range lanes {
-		if len(lane) == 0 {
-			continue
+	var rows []sqladapters.OutboxRow
+	var full bool
+	if pre != nil {
+		<-pre.done
+		if pre.err != nil {
+			return 0, nil, false, pre.err
 		}
+		// This batch was read before the previous round ended: keys that
+		// left rows pending there (a failure, a lost lease) must not
+		// overtake them.
+		rows = pre.rows
+		full = len(rows) >= f.cfg.BatchSize
+		if len(f.heldKeys) > 0 {
+			kept := rows[:0:0]
+			for _, r := range rows {
+				if r.Key == "" || !f.heldKeys[r.Key] {
+					kept = append(kept, r)
+				}
+			}
+			rows = kept
+		}
+	} else {
+		var err error
+		if rows, err = f.read(ctx, owned, nil); err != nil {
+			return 0, nil, false, err
+		}
+		full = len(rows) >= f.cfg.BatchSize
+	}
+	f.heldKeys = nil
+	if len(rows) == 0 {
+		return 0, nil, full, nil
+	}
+	var next *prefetch
+	if full {
+		next = f.startPrefetch(ctx, owned, rows)
+	}
+
+	groups := groupByKey(rows)
+	results := make([]groupResult, len(groups))
+	var cursor atomic.Int64
+	var wg sync.WaitGroup
+	for range min(f.cfg.Concurrency, len(groups)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = f.publishLane(ctx, lane)
+			for {
+				i := int(cursor.Add(1) - 1)
+				if i >= len(groups) {
+					return
+				}
+				results[i] = f.publishGroup(ctx, groups[i])
+			}
 		}()
 	}
 	wg.Wait()
@@ -346,16 +413,23 @@ func (f *Forwarder) round(ctx context.Context, owned []int) (int, error) {
 	for _, res := range results {
 		done = append(done, res.done...)
 		stats.Skipped += res.skipped
-		for _, fl := range res.failed {
-			dead, err := f.recordFailure(octx, fl)
-			if err != nil {
-				f.cfg.Logger.Error("millbox forwarder: cannot record a failed attempt; the row will be tried again", err,
-					watermill.LogFields{"id": fl.row.ID, "uuid": fl.row.UUID})
+		if res.held != "" {
+			if f.heldKeys == nil {
+				f.heldKeys = map[string]bool{}
 			}
-			stats.Failed++
-			if dead {
-				stats.DeadLettered++
-			}
+			f.heldKeys[res.held] = true
+		}
+		if res.failed == nil {
+			continue
+		}
+		dead, err := f.recordFailure(octx, *res.failed)
+		if err != nil {
+			f.cfg.Logger.Error("millbox forwarder: cannot record a failed attempt; the row will be tried again", err,
+				watermill.LogFields{"id": res.failed.row.ID, "uuid": res.failed.row.UUID})
+		}
+		stats.Failed++
+		if dead {
+			stats.DeadLettered++
 		}
 	}
 	stats.Forwarded = len(done)
@@ -366,26 +440,37 @@ func (f *Forwarder) round(ctx context.Context, owned []int) (int, error) {
 	if f.cfg.Hooks.OnBatch != nil {
 		f.cfg.Hooks.OnBatch(stats)
 	}
-	return len(rows), nil
+	return stats.Read, next, full, nil
 }
 
-func (f *Forwarder) lane(key string) int {
-	if key == "" {
-		return int(f.laneSeq.Add(1) % uint64(f.cfg.Concurrency))
-	}
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return int(h.Sum32() % uint32(f.cfg.Concurrency))
-}
-
-func (f *Forwarder) read(ctx context.Context, owned []int) ([]sqladapters.OutboxRow, error) {
-	q := sqladapters.PendingQuery{Partitions: f.cfg.Partitions, Owned: owned, Limit: f.cfg.BatchSize}
-	f.ackMu.Lock()
-	if len(f.ackPending) > 0 {
-		q.Exclude = make([]int64, 0, len(f.ackPending))
-		for id := range f.ackPending {
-			q.Exclude = append(q.Exclude, id)
+// groupByKey splits rows into the units published in parallel: all rows of
+// one key, in id order, or a single row without a key.
+func groupByKey(rows []sqladapters.OutboxRow) [][]sqladapters.OutboxRow {
+	groups := make([][]sqladapters.OutboxRow, 0, len(rows))
+	index := map[string]int{}
+	for _, r := range rows {
+		if r.Key == "" {
+			groups = append(groups, []sqladapters.OutboxRow{r})
+			continue
 		}
+		i, ok := index[r.Key]
+		if !ok {
+			i = len(groups)
+			index[r.Key] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], r)
+	}
+	return groups
+}
+
+// read returns due rows, leaving out the rows in exclude and those whose
+// delete is in flight.
+func (f *Forwarder) read(ctx context.Context, owned []int, exclude []int64) ([]sqladapters.OutboxRow, error) {
+	q := sqladapters.PendingQuery{Partitions: f.cfg.Partitions, Owned: owned, Limit: f.cfg.BatchSize, Exclude: exclude}
+	f.ackMu.Lock()
+	for id := range f.ackPending {
+		q.Exclude = append(q.Exclude, id)
 	}
 	f.ackMu.Unlock()
 	rows, err := f.cfg.Dialect.SelectPending(q).Query(ctx, f.cfg.DB)
@@ -409,32 +494,30 @@ func (f *Forwarder) read(ctx context.Context, owned []int) ([]sqladapters.Outbox
 	return out, nil
 }
 
-// publishLane publishes the rows of one lane in order. After a row of a
-// key fails, the key's later rows of this round are left pending: they
-// wait for the failed row's retry.
-func (f *Forwarder) publishLane(ctx context.Context, rows []sqladapters.OutboxRow) laneResult {
-	var res laneResult
-	var blocked map[string]bool
+type groupResult struct {
+	done    []int64
+	failed  *failed
+	skipped int
+	held    string // the key, when rows of it were left pending
+}
+
+// publishGroup publishes the rows of one key in order. After a failure the
+// rest of the group stays pending: it waits for the failed row's retry.
+func (f *Forwarder) publishGroup(ctx context.Context, rows []sqladapters.OutboxRow) groupResult {
+	var res groupResult
 	for i, r := range rows {
 		// Once stopping or out of lease, leave the rest for later (or
-		// for the next owner), in order.
+		// for the next owner).
 		if ctx.Err() != nil || !f.leaseValid() {
 			res.skipped += len(rows) - i
+			res.held = r.Key
 			return res
 		}
-		if r.Key != "" && blocked[r.Key] {
-			res.skipped++
-			continue
-		}
 		if err := f.publishRow(r); err != nil {
-			res.failed = append(res.failed, failed{row: r, err: err})
-			if r.Key != "" {
-				if blocked == nil {
-					blocked = map[string]bool{}
-				}
-				blocked[r.Key] = true
-			}
-			continue
+			res.failed = &failed{row: r, err: err}
+			res.skipped += len(rows) - i - 1
+			res.held = r.Key
+			return res
 		}
 		res.done = append(res.done, r.ID)
 	}

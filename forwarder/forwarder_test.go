@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/millbox/millbox/sqladapters"
 )
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {
@@ -50,6 +52,22 @@ func TestKeyHashIsStableAndNonNegative(t *testing.T) {
 	for _, k := range []string{"", "a", "customer-42", strings.Repeat("x", 1000)} {
 		if KeyHash(k) < 0 {
 			t.Fatalf("negative hash for %q", k)
+		}
+	}
+}
+
+func TestGroupByKeyKeepsOrderWithinKeys(t *testing.T) {
+	rows := []sqladapters.OutboxRow{{ID: 1, Key: "a"}, {ID: 2}, {ID: 3, Key: "b"}, {ID: 4, Key: "a"}, {ID: 5}, {ID: 6, Key: "b"}}
+	got := groupByKey(rows)
+	want := [][]int64{{1, 4}, {2}, {3, 6}, {5}}
+	if len(got) != len(want) {
+		t.Fatalf("%d groups, want %d", len(got), len(want))
+	}
+	for i, g := range got {
+		for j, r := range g {
+			if r.ID != want[i][j] {
+				t.Fatalf("group %d = %v, want %v", i, g, want[i])
+			}
 		}
 	}
 }

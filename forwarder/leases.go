@@ -62,6 +62,7 @@ func (f *Forwarder) leaseRound(ctx context.Context) error {
 		if err == nil {
 			owned = owned[:share]
 			f.setOwned(owned, start)
+			f.discardPrefetch = true
 		}
 		f.batchMu.Unlock()
 		if err != nil {
