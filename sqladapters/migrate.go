@@ -51,11 +51,24 @@ func MigrateTx(ctx context.Context, tx Tx, d Dialect) error {
 	return migrate(ctx, tx, d)
 }
 
-func migrate(ctx context.Context, tx Tx, d Dialect) error {
+func migrate(ctx context.Context, tx Tx, d Dialect) (err error) {
 	lock, unlock := d.LockMigrations()
 	if lock.SQL != "" {
 		if _, err := lock.Exec(ctx, tx); err != nil {
 			return fmt.Errorf("millbox: take migration lock: %w", err)
+		}
+		if unlock.SQL != "" {
+			// A lock that outlives the transaction (MySQL's GET_LOCK
+			// belongs to the connection) must be released on failure too,
+			// or the pooled connection keeps it and blocks every later
+			// migrator.
+			defer func() {
+				if err != nil {
+					uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+					defer cancel()
+					_, _ = unlock.Exec(uctx, tx)
+				}
+			}()
 		}
 	}
 	for _, q := range d.CreateMigrationsTable() {
@@ -123,7 +136,6 @@ func MigrationSQL(d Dialect) string {
 	}
 	return b.String()
 }
-
 
 // Rollback rolls tx back under a fresh short timeout, so a cancelled
 // caller context never leaves a transaction open. Its error is ignored on

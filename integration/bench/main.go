@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"time"
@@ -27,6 +28,8 @@ type options struct {
 	pgURL    string
 	mysqlDSN string
 	amqpURL  string
+	// forwarder tuning, 0 = millbox's defaults
+	batch, concurrency int
 }
 
 type benchCase struct {
@@ -49,6 +52,9 @@ func main() {
 	flag.StringVar(&o.pgURL, "postgres", env("MILLBOX_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL")
 	flag.StringVar(&o.mysqlDSN, "mysql", env("MILLBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true"), "MySQL DSN")
 	flag.StringVar(&o.amqpURL, "amqp", env("MILLBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.IntVar(&o.batch, "batch", 0, "millbox forwarder BatchSize (0 = default)")
+	flag.IntVar(&o.concurrency, "concurrency", 0, "millbox forwarder Concurrency (0 = default)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: go run ./integration/bench -case NAME [flags]\n\ncases:\n")
 		names := make([]string, 0, len(cases))
@@ -70,7 +76,17 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	if err := c.run(ctx, o); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintf(os.Stderr, "bench %s: %v\n", *name, err)
 		os.Exit(1)
 	}

@@ -1,0 +1,249 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+const (
+	// DefaultRetention is how long inbox rows are kept: twice Kafka's
+	// default topic retention and consumer-offset retention (7 days). See
+	// the package documentation for how to choose it.
+	DefaultRetention = 14 * 24 * time.Hour
+	// MinRetention is the shortest retention accepted. A shorter window
+	// would forget messages the broker is still redelivering.
+	MinRetention = time.Minute
+	// DefaultBatchSize is the number of rows one delete statement removes.
+	DefaultBatchSize = 1000
+	// DefaultInterval is the pause between two cleaning rounds of Run.
+	DefaultInterval = 5 * time.Minute
+	// DefaultCloseTimeout is how long Close lets a running batch finish
+	// before cancelling it.
+	DefaultCloseTimeout = 30 * time.Second
+)
+
+var (
+	// ErrClosed is returned by Run after Close.
+	ErrClosed = errors.New("millbox: closed")
+	// ErrRunning is returned by Run while another Run of the same Cleaner
+	// is going on.
+	ErrRunning = errors.New("millbox: already running")
+)
+
+// CleanerConfig configures a Cleaner.
+type CleanerConfig struct {
+	// DB runs the deletes, each batch in its own statement. Required.
+	DB sqladapters.DB
+	// Dialect describes the database and the inbox table. Required.
+	Dialect sqladapters.Dialect
+	// Retention is how long a row is kept after it was recorded. A
+	// duplicate arriving later than this is processed again. Defaults to
+	// DefaultRetention; at least MinRetention.
+	Retention time.Duration
+	// BatchSize is the most rows one statement deletes. Defaults to
+	// DefaultBatchSize.
+	BatchSize int
+	// Interval is the pause between cleaning rounds of Run. Defaults to
+	// DefaultInterval.
+	Interval time.Duration
+	// CloseTimeout bounds how long Close waits for a running batch before
+	// cancelling it. Defaults to DefaultCloseTimeout.
+	CloseTimeout time.Duration
+	// Logger defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+func (c *CleanerConfig) setDefaults() {
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = DefaultCloseTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+}
+
+// Validate names the first invalid field.
+func (c CleanerConfig) Validate() error {
+	switch {
+	case c.DB == nil:
+		return fmt.Errorf("%w: inbox.CleanerConfig.DB is required (for example pgxv5.WrapPool(pool))", ErrInvalidConfig)
+	case c.Dialect == nil:
+		return fmt.Errorf("%w: inbox.CleanerConfig.Dialect is required (for example postgres.New(postgres.Options{}))", ErrInvalidConfig)
+	case c.Retention < MinRetention:
+		return fmt.Errorf("%w: inbox.CleanerConfig.Retention %v is shorter than MinRetention %v", ErrInvalidConfig, c.Retention, MinRetention)
+	case c.BatchSize < 1:
+		return fmt.Errorf("%w: inbox.CleanerConfig.BatchSize %d must be at least 1", ErrInvalidConfig, c.BatchSize)
+	case c.Interval <= 0:
+		return fmt.Errorf("%w: inbox.CleanerConfig.Interval %v must be positive", ErrInvalidConfig, c.Interval)
+	case c.CloseTimeout <= 0:
+		return fmt.Errorf("%w: inbox.CleanerConfig.CloseTimeout %v must be positive", ErrInvalidConfig, c.CloseTimeout)
+	}
+	return nil
+}
+
+// Cleaner deletes inbox rows older than the retention window. Call
+// CleanOnce from your own scheduler, or Run to clean every Interval.
+type Cleaner struct {
+	cfg CleanerConfig
+
+	running chan struct{} // closed when Run starts
+	closing chan struct{} // closed by Close
+	done    chan struct{} // closed when Run returns
+
+	mu      sync.Mutex
+	started bool
+	closed  bool
+	cancel  context.CancelFunc // cancels Run's context
+}
+
+// NewCleaner validates cfg and returns a Cleaner. It starts nothing: call
+// Run.
+func NewCleaner(cfg CleanerConfig) (*Cleaner, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Cleaner{
+		cfg:     cfg,
+		running: make(chan struct{}),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+	}, nil
+}
+
+// CleanOnce deletes every row older than the retention window, BatchSize
+// rows per statement, and returns how many it deleted. It stops early when
+// ctx ends.
+func (c *Cleaner) CleanOnce(ctx context.Context) (deleted int, err error) {
+	return c.clean(ctx, nil)
+}
+
+func (c *Cleaner) clean(ctx context.Context, stop <-chan struct{}) (int, error) {
+	cutoff := time.Now().Add(-c.cfg.Retention)
+	q := c.cfg.Dialect.DeleteInboxBefore(cutoff, c.cfg.BatchSize)
+	deleted := 0
+	for {
+		n, err := q.Exec(ctx, c.cfg.DB)
+		if err != nil {
+			return deleted, fmt.Errorf("millbox: inbox: delete rows older than %v: %w", c.cfg.Retention, c.cfg.Dialect.ClassifyError(err))
+		}
+		deleted += int(n)
+		if n < int64(c.cfg.BatchSize) {
+			return deleted, nil
+		}
+		select {
+		case <-stop:
+			return deleted, nil
+		case <-ctx.Done():
+			return deleted, ctx.Err()
+		default:
+		}
+	}
+}
+
+// Run cleans right away and then every Interval until ctx ends or Close is
+// called; it then returns nil. A failed round is logged and retried at the
+// next interval. Run blocks; it may be called once.
+func (c *Cleaner) Run(ctx context.Context) error {
+	c.mu.Lock()
+	switch {
+	case c.closed:
+		c.mu.Unlock()
+		return ErrClosed
+	case c.started:
+		c.mu.Unlock()
+		return ErrRunning
+	}
+	c.started = true
+	ctx, cancel := context.WithCancel(ctx)
+	c.cancel = cancel
+	c.mu.Unlock()
+	defer close(c.done)
+	defer cancel()
+	close(c.running)
+
+	log := c.cfg.Logger.With(watermill.LogFields{"inbox_table": c.cfg.Dialect.InboxTable()})
+	log.Info("Inbox cleaner started", watermill.LogFields{"retention": c.cfg.Retention, "interval": c.cfg.Interval})
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.closing:
+			return nil
+		case <-timer.C:
+		}
+		n, err := c.clean(ctx, c.closing)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case err != nil:
+			log.Error("Inbox cleaning failed", err, watermill.LogFields{"deleted": n})
+		case n > 0:
+			log.Debug("Inbox cleaned", watermill.LogFields{"deleted": n})
+		}
+		timer.Reset(c.cfg.Interval)
+	}
+}
+
+// Running is closed once Run has started.
+func (c *Cleaner) Running() <-chan struct{} { return c.running }
+
+// Close stops Run: it lets the batch in flight finish for up to
+// CloseTimeout, then cancels it, and returns once Run has returned. Close
+// is idempotent; a Cleaner that never ran closes at once.
+func (c *Cleaner) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		<-c.doneIfStarted()
+		return nil
+	}
+	c.closed = true
+	close(c.closing)
+	started, cancel := c.started, c.cancel
+	c.mu.Unlock()
+	if !started {
+		return nil
+	}
+	timer := time.NewTimer(c.cfg.CloseTimeout)
+	defer timer.Stop()
+	select {
+	case <-c.done:
+		return nil
+	case <-timer.C:
+	}
+	cancel()
+	<-c.done
+	return fmt.Errorf("millbox: inbox cleaner: the batch in flight did not finish within CloseTimeout %v and was cancelled", c.cfg.CloseTimeout)
+}
+
+// doneIfStarted returns a channel that is closed when Run has returned, or
+// at once when Run never started. The caller holds no lock.
+func (c *Cleaner) doneIfStarted() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started {
+		return c.done
+	}
+	closed := make(chan struct{})
+	close(closed)
+	return closed
+}

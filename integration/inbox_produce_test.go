@@ -1,0 +1,179 @@
+package integration_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/cqrs"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/integration/conformance"
+	"github.com/millbox/millbox/middleware"
+)
+
+func newContextOutbox(t *testing.T, f *inboxFixture) *forwarder.Publisher {
+	t.Helper()
+	p, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: f.d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A handler under the inbox writes a row and publishes a follow-up event
+// through the long-lived outbox publisher: both commit with the inbox row,
+// or neither does.
+func TestInboxConsumeProcessProduce(t *testing.T) {
+	t.Parallel()
+	f := newInboxFixture(t)
+	outbox := newContextOutbox(t, f)
+	fl := newFailer()
+	h := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
+		attempt := fl.next(msg.UUID)
+		if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
+			return nil, err
+		}
+		ev := message.NewMessage("invoice-"+msg.UUID, []byte(`{"invoice":1}`))
+		ev.Metadata.Set(forwarder.DefaultKeyMetadataField, "customer-7")
+		ev.SetContext(msg.Context()) // carries the inbox transaction
+		if err := outbox.Publish("invoices", ev); err != nil {
+			return nil, err
+		}
+		if attempt == 1 {
+			return nil, errInjected
+		}
+		return nil, nil
+	})
+	msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
+
+	if _, err := h(msg.Copy()); !errors.Is(err, errInjected) {
+		t.Fatalf("first attempt: want the handler's error, got %v", err)
+	}
+	if n, pending := f.effect(msg.UUID), conformance.ReadPending(t, f.ctx, f.db, f.d); n != 0 || len(pending) != 0 {
+		t.Fatalf("failed attempt left effect %d and %d outbox rows", n, len(pending))
+	}
+
+	if _, err := h(msg.Copy()); err != nil {
+		t.Fatalf("redelivery: %v", err)
+	}
+	pending := conformance.ReadPending(t, f.ctx, f.db, f.d)
+	if len(pending) != 1 {
+		t.Fatalf("%d outbox rows after success, want 1", len(pending))
+	}
+	if r := pending[0]; r.Topic != "invoices" || r.UUID != "invoice-"+msg.UUID || string(r.Payload) != `{"invoice":1}` || r.Key != "customer-7" {
+		t.Fatalf("outbox row %+v", r)
+	}
+	if n := f.effect(msg.UUID); n != 1 {
+		t.Fatalf("effect %d", n)
+	}
+
+	// A duplicate neither runs the handler nor produces again.
+	if _, err := h(msg.Copy()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(conformance.ReadPending(t, f.ctx, f.db, f.d)); n != 1 || fl.count(msg.UUID) != 2 || f.dups.Load() != 1 {
+		t.Fatalf("after a duplicate: %d outbox rows, %d attempts, %d duplicates", n, fl.count(msg.UUID), f.dups.Load())
+	}
+}
+
+type inboxOrderPlaced struct {
+	OrderID string `json:"order_id"`
+}
+
+type inboxInvoiceRequested struct {
+	OrderID string `json:"order_id"`
+}
+
+// cqrs.EventProcessor runs each event handler as its own router handler;
+// one router-wide inbox middleware keeps them apart, and an EventBus on the
+// context outbox publisher produces in the handler's transaction.
+func TestInboxCQRSEventProcessor(t *testing.T) {
+	t.Parallel()
+	for _, shared := range []bool{false, true} {
+		name := "PerHandler"
+		if shared {
+			name = "SharedAcrossHandlers"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newInboxFixture(t)
+			gc := newInboxGoChannel(t)
+			marshaler := cqrs.JSONMarshaler{}
+			bus, err := cqrs.NewEventBusWithConfig(newContextOutbox(t, f), cqrs.EventBusConfig{
+				GeneratePublishTopic: func(p cqrs.GenerateEventPublishTopicParams) (string, error) { return p.EventName, nil },
+				Marshaler:            marshaler,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ran atomic.Int64
+			startInboxRouter(t, func(r *message.Router) {
+				r.AddMiddleware(f.middleware("orders", func(c *middleware.InboxConfig) { c.SharedAcrossHandlers = shared }))
+				ep, err := cqrs.NewEventProcessorWithConfig(r, cqrs.EventProcessorConfig{
+					GenerateSubscribeTopic: func(p cqrs.EventProcessorGenerateSubscribeTopicParams) (string, error) { return p.EventName, nil },
+					// GoChannel gives each handler's subscription every event.
+					SubscriberConstructor: func(cqrs.EventProcessorSubscriberConstructorParams) (message.Subscriber, error) { return gc, nil },
+					Marshaler:             marshaler,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = ep.AddHandlers(
+					cqrs.NewEventHandler("billing", func(ctx context.Context, e *inboxOrderPlaced) error {
+						ran.Add(1)
+						if err := f.applyEffect(ctx, "billing:"+e.OrderID); err != nil {
+							return err
+						}
+						markHandled(cqrs.OriginalMessageFromCtx(ctx))
+						return bus.Publish(ctx, &inboxInvoiceRequested{OrderID: e.OrderID})
+					}),
+					cqrs.NewEventHandler("shipping", func(ctx context.Context, e *inboxOrderPlaced) error {
+						ran.Add(1)
+						if err := f.applyEffect(ctx, "shipping:"+e.OrderID); err != nil {
+							return err
+						}
+						markHandled(cqrs.OriginalMessageFromCtx(ctx))
+						return nil
+					}),
+				)
+				if err != nil {
+					t.Fatal(err)
+				}
+			})
+			event, err := marshaler.Marshal(&inboxOrderPlaced{OrderID: "o-1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			publishCopies(t, gc, marshaler.Name(&inboxOrderPlaced{}), event, 3)
+			f.waitDeliveries(6) // 3 copies x 2 handlers
+
+			effects := f.effects()
+			pending := conformance.ReadPending(t, f.ctx, f.db, f.d)
+			if !shared {
+				if ran.Load() != 2 || effects["billing:o-1"] != 1 || effects["shipping:o-1"] != 1 {
+					t.Fatalf("handler runs %d, effects %v; want each handler once", ran.Load(), effects)
+				}
+				rows := f.inboxRows()
+				if len(rows) != 2 || !strings.HasPrefix(rows[0], "orders/billing|") || !strings.HasPrefix(rows[1], "orders/shipping|") {
+					t.Fatalf("inbox rows %v", rows)
+				}
+				if len(pending) != 1 || pending[0].Topic != marshaler.Name(&inboxInvoiceRequested{}) {
+					t.Fatalf("outbox rows %+v, want one InvoiceRequested", pending)
+				}
+				return
+			}
+			// Shared: the first handler to record the event wins.
+			if ran.Load() != 1 || len(effects) != 1 || f.dups.Load() != 5 {
+				t.Fatalf("handler runs %d, effects %v, duplicates %d; want one run", ran.Load(), effects, f.dups.Load())
+			}
+			if rows := f.inboxRows(); len(rows) != 1 || !strings.HasPrefix(rows[0], "orders|") {
+				t.Fatalf("inbox rows %v", rows)
+			}
+		})
+	}
+}

@@ -1,0 +1,653 @@
+package integration_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	mysqldrv "github.com/go-sql-driver/mysql"
+
+	"github.com/millbox/millbox/inbox"
+	"github.com/millbox/millbox/integration/conformance"
+	"github.com/millbox/millbox/integration/testenv"
+	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/mysql"
+	"github.com/millbox/millbox/sqladapters/stdsql"
+	"github.com/millbox/millbox/sqladapters/wmsql"
+)
+
+// myEnv builds the MariaDB/MySQL conformance environment. db runs the
+// forwarder and the assertions; the sources cover both protocols of
+// go-sql-driver/mysql and watermill-sql's wrappers.
+func myEnv(t *testing.T, db *sql.DB, opts mysql.Options) conformance.Env {
+	prepared := testenv.MySQL(t)
+	interpolated := testenv.OpenMySQL(t, testenv.MySQLDSNWith(t, func(c *mysqldrv.Config) { c.InterpolateParams = true }))
+	return conformance.Env{
+		DB: stdsql.WrapDB(db),
+		NewDialect: func(t *testing.T) sqladapters.Dialect {
+			return testenv.MySQLDialect(t, db, opts)
+		},
+		NewUnmigratedDialect: func(t *testing.T) sqladapters.Dialect {
+			return mysql.MustNew(mysql.Options{OutboxTable: testenv.UniqueName("missing_")})
+		},
+		Sources: []conformance.TxSource{
+			{Name: "database-sql", Begin: stdBegin(prepared)},
+			{Name: "database-sql-interpolateParams", Begin: stdBegin(interpolated)},
+			{Name: "watermill-sql-TxFromStdSQL", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
+				tx, err := prepared.BeginTx(ctx, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return wmsql.WrapTx(wsql.TxFromStdSQL(tx))
+			}},
+			{Name: "watermill-sql-BeginnerFromStdSQL", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
+				tx, err := wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(interpolated)).Begin(ctx, sql.TxOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return tx
+			}},
+		},
+	}
+}
+
+func TestMySQLOutboxConformance(t *testing.T) {
+	conformance.Outbox(t, myEnv(t, testenv.MySQL(t), mysql.Options{}))
+}
+
+// TestMySQLForwarderConformance runs the forwarder suite twice: with the
+// default protocol and plain claims, and with interpolateParams (the
+// recommended DSN) and SKIP LOCKED claims when the server has them.
+func TestMySQLForwarderConformance(t *testing.T) {
+	t.Run("prepared", func(t *testing.T) {
+		conformance.Forwarder(t, myEnv(t, testenv.MySQL(t), mysql.Options{}))
+	})
+	t.Run("interpolateParams", func(t *testing.T) {
+		db := testenv.OpenMySQL(t, testenv.MySQLDSNWith(t, func(c *mysqldrv.Config) { c.InterpolateParams = true }))
+		skip, err := mysql.DetectSkipLocked(context.Background(), stdsql.WrapDB(db))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conformance.Forwarder(t, myEnv(t, db, mysql.Options{SkipLocked: skip}))
+	})
+}
+
+func TestMySQLMigrations(t *testing.T) {
+	raw := testenv.MySQL(t)
+	db := stdsql.WrapDB(raw)
+	ctx := testenv.Ctx(t, 2*time.Minute)
+
+	t.Run("FreshRerunAndPrintedSQL", func(t *testing.T) {
+		d := mysql.MustNew(testenv.MySQLNames(t, raw, mysql.Options{}))
+		rec := &recordingDB{DB: db}
+		if err := sqladapters.Migrate(ctx, rec, d); err != nil {
+			t.Fatal(err)
+		}
+		var applied []string
+		for _, m := range d.Migrations() {
+			applied = append(applied, m.Statements...)
+		}
+		if got := rec.statementsIn(applied); len(got) != len(applied) {
+			t.Fatalf("Migrate ran %d of the %d printed statements", len(got), len(applied))
+		}
+		rec2 := &recordingDB{DB: db}
+		if err := sqladapters.Migrate(ctx, rec2, d); err != nil {
+			t.Fatal(err)
+		}
+		if got := rec2.statementsIn(applied); len(got) != 0 {
+			t.Fatalf("re-run applied %d schema statements", len(got))
+		}
+		// The printed script, run by another tool (here one multi-statement
+		// call), creates the same columns and indexes.
+		d2 := mysql.MustNew(testenv.MySQLNames(t, raw, mysql.Options{}))
+		multi := testenv.OpenMySQL(t, testenv.MySQLDSNWith(t, func(c *mysqldrv.Config) { c.MultiStatements = true }))
+		if _, err := multi.ExecContext(ctx, sqladapters.MigrationSQL(d2)); err != nil {
+			t.Fatalf("printed SQL does not apply: %v", err)
+		}
+		a, b := myShape(t, ctx, raw, d), myShape(t, ctx, raw, d2)
+		if a != b {
+			t.Fatalf("printed SQL made another schema:\n%s\nvs Migrate:\n%s", b, a)
+		}
+		for _, want := range []string{"payload:longblob", "metadata:longtext", "created_at:datetime(6)", "index state_idx", "index retry_idx", "index received_idx", "index PRIMARY:consumer,message_id"} {
+			if !strings.Contains(a, want) {
+				t.Fatalf("schema lacks %q:\n%s", want, a)
+			}
+		}
+	})
+
+	t.Run("ConcurrentMigrators", func(t *testing.T) {
+		d := mysql.MustNew(testenv.MySQLNames(t, raw, mysql.Options{}))
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = sqladapters.Migrate(ctx, db, d)
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		var n int
+		if err := raw.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+d.Tables()[4]).Scan(&n); err != nil || n != len(d.Migrations()) {
+			t.Fatalf("versions recorded: %d, %v", n, err)
+		}
+	})
+
+	t.Run("MigrateTxRefused", func(t *testing.T) {
+		d := mysql.MustNew(testenv.MySQLNames(t, raw, mysql.Options{}))
+		own := testenv.UniqueName("app_")
+		if _, err := raw.ExecContext(ctx, "CREATE TABLE `"+own+"` (id INT PRIMARY KEY) ENGINE=InnoDB"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { raw.Exec("DROP TABLE IF EXISTS `" + own + "`") })
+		tx, err := db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO `"+own+"` (id) VALUES (1)"); err != nil {
+			t.Fatal(err)
+		}
+		err = sqladapters.MigrateTx(ctx, tx, d)
+		if err == nil || !strings.Contains(err.Error(), "commits DDL implicitly") {
+			t.Fatalf("want MigrateTx refused, got %v", err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Nothing ran: the caller's row rolled back with its transaction,
+		// and no millbox table appeared.
+		var n int
+		if err := raw.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+own+"`").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("caller's transaction committed: %d rows, %v", n, err)
+		}
+		if err := raw.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE ?`,
+			strings.Trim(d.OutboxTable(), "`")+"%").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%d millbox tables after a refused MigrateTx (%v)", n, err)
+		}
+	})
+
+	t.Run("OwnDatabase", func(t *testing.T) {
+		name := testenv.UniqueName("db_")
+		t.Cleanup(func() { raw.Exec("DROP DATABASE IF EXISTS `" + name + "`") })
+		d := mysql.MustNew(mysql.Options{Database: name})
+		if err := sqladapters.Migrate(ctx, db, d); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range d.InsertOutbox([]sqladapters.OutboxMessage{{Topic: "t", UUID: "u"}}) {
+			if _, err := q.Exec(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if rows := conformance.ReadPending(t, ctx, db, d); len(rows) != 1 {
+			t.Fatalf("%d rows in %s", len(rows), d.OutboxTable())
+		}
+	})
+}
+
+// myShape describes the columns and indexes of d's tables, with the table
+// prefix removed so two installations compare equal.
+func myShape(t *testing.T, ctx context.Context, db *sql.DB, d *mysql.Dialect) string {
+	t.Helper()
+	prefix := strings.Trim(d.OutboxTable(), "`")
+	rows, err := db.QueryContext(ctx, `
+SELECT CONCAT(table_name, '.', column_name, ':', column_type, ':', is_nullable, ':', COALESCE(generation_expression, ''))
+FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name LIKE ? AND table_name NOT LIKE '%\_migrations'
+UNION ALL
+SELECT CONCAT(table_name, ' index ', index_name, ':', GROUP_CONCAT(column_name ORDER BY seq_in_index))
+FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name LIKE ? AND table_name NOT LIKE '%\_migrations'
+GROUP BY table_name, index_name
+ORDER BY 1`, prefix+"%", prefix+"%")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var lines []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, strings.TrimPrefix(s, prefix))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// myOps runs dialect statements on the test database.
+type myOps struct {
+	t   *testing.T
+	ctx context.Context
+	db  sqladapters.DB
+	d   *mysql.Dialect
+}
+
+func newMyOps(t *testing.T, opts mysql.Options) *myOps {
+	raw := testenv.MySQL(t)
+	return &myOps{t: t, ctx: testenv.Ctx(t, time.Minute), db: stdsql.WrapDB(raw), d: testenv.MySQLDialect(t, raw, opts)}
+}
+
+func (o *myOps) exec(q sqladapters.Query) int64 {
+	o.t.Helper()
+	n, err := q.Exec(o.ctx, o.db)
+	if err != nil {
+		o.t.Fatalf("%s: %v", q.SQL, o.d.ClassifyError(err))
+	}
+	return n
+}
+
+func (o *myOps) ints(q sqladapters.Query) []int64 {
+	o.t.Helper()
+	rows, err := q.Query(o.ctx, o.db)
+	if err != nil {
+		o.t.Fatalf("%s: %v", q.SQL, err)
+	}
+	defer rows.Close()
+	out := []int64{}
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			o.t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		o.t.Fatal(err)
+	}
+	return out
+}
+
+// insert writes one row per message and returns their ids.
+func (o *myOps) insert(msgs ...sqladapters.OutboxMessage) []int64 {
+	o.t.Helper()
+	before := map[string]bool{}
+	for _, r := range o.pending(sqladapters.PendingQuery{Limit: 1 << 20}) {
+		before[r.UUID] = true
+	}
+	for i := range msgs {
+		msgs[i].Topic, msgs[i].Metadata = "t", []byte("{}")
+	}
+	for _, q := range o.d.InsertOutbox(msgs) {
+		o.exec(q)
+	}
+	byUUID := map[string]int64{}
+	for _, r := range o.pending(sqladapters.PendingQuery{Limit: 1 << 20}) {
+		byUUID[r.UUID] = r.ID
+	}
+	ids := make([]int64, len(msgs))
+	for i, m := range msgs {
+		ids[i] = byUUID[m.UUID]
+	}
+	return ids
+}
+
+// pending returns the rows SelectPending returns, as "uuid" strings in
+// order, and the rows.
+func (o *myOps) pending(q sqladapters.PendingQuery) []conformance.Row {
+	o.t.Helper()
+	rows, err := o.d.SelectPending(q).Query(o.ctx, o.db)
+	if err != nil {
+		o.t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []conformance.Row
+	for rows.Next() {
+		var r conformance.Row
+		var md []byte
+		var key sql.NullString
+		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &md, &key, &r.Attempts); err != nil {
+			o.t.Fatal(err)
+		}
+		r.Key = key.String
+		out = append(out, r)
+	}
+	return out
+}
+
+func uuidsOf(rows []conformance.Row) string {
+	var s []string
+	for _, r := range rows {
+		s = append(s, r.UUID)
+	}
+	return strings.Join(s, " ")
+}
+
+func TestMySQLForwarderStatements(t *testing.T) {
+	t.Run("PendingOrderPartitionsExclusion", func(t *testing.T) {
+		o := newMyOps(t, mysql.Options{})
+		var msgs []sqladapters.OutboxMessage
+		for i := range 8 {
+			msgs = append(msgs, sqladapters.OutboxMessage{UUID: fmt.Sprint("m", i), Key: fmt.Sprint("k", i), KeyHash: int32(i * 5)})
+		}
+		ids := o.insert(msgs...)
+		all := o.pending(sqladapters.PendingQuery{Limit: 100})
+		if got := uuidsOf(all); got != "m0 m1 m2 m3 m4 m5 m6 m7" {
+			t.Fatalf("pending %s", got)
+		}
+		// key_hash % 4: m0 0, m1 1, m2 2, m3 3, m4 0, m5 1, m6 2, m7 3.
+		if got := uuidsOf(o.pending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Limit: 100})); got != "m1 m3 m5 m7" {
+			t.Fatalf("partitions 1,3: %s", got)
+		}
+		if got := o.pending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 100}); len(got) != 0 {
+			t.Fatalf("no owned partitions read %s", uuidsOf(got))
+		}
+		if got := uuidsOf(o.pending(sqladapters.PendingQuery{Exclude: []int64{ids[0], ids[5]}, Limit: 3})); got != "m1 m2 m3" {
+			t.Fatalf("excluded m0, m5, limit 3: %s", got)
+		}
+		o.exec(o.d.CompleteForwarded(ids[:2], false))
+		o.exec(o.d.CompleteForwarded(ids[2:3], true))
+		if got := uuidsOf(o.pending(sqladapters.PendingQuery{Limit: 100})); got != "m3 m4 m5 m6 m7" {
+			t.Fatalf("after completing m0-m2: %s", got)
+		}
+		var published int
+		if err := testenv.MySQL(t).QueryRowContext(o.ctx, `SELECT COUNT(*) FROM `+o.d.OutboxTable()+` WHERE published_at IS NOT NULL`).Scan(&published); err != nil || published != 1 {
+			t.Fatalf("published rows kept: %d, %v", published, err)
+		}
+	})
+
+	t.Run("BackoffHoldsBackItsKeyOnly", func(t *testing.T) {
+		o := newMyOps(t, mysql.Options{})
+		// a1, a2 share key a; x has another key with the same hash; b has
+		// its own; n1, n2 have no key.
+		ids := o.insert(
+			sqladapters.OutboxMessage{UUID: "a1", Key: "a", KeyHash: 7},
+			sqladapters.OutboxMessage{UUID: "n1", KeyHash: 1},
+			sqladapters.OutboxMessage{UUID: "a2", Key: "a", KeyHash: 7},
+			sqladapters.OutboxMessage{UUID: "x", Key: "x", KeyHash: 7},
+			sqladapters.OutboxMessage{UUID: "b", Key: "b", KeyHash: 2},
+			sqladapters.OutboxMessage{UUID: "n2", KeyHash: 1},
+		)
+		o.exec(o.d.RecordFailure(sqladapters.Failure{ID: ids[0], Attempts: 1, Error: "down", Backoff: time.Hour}))
+		o.exec(o.d.RecordFailure(sqladapters.Failure{ID: ids[1], Attempts: 1, Error: "down", Backoff: time.Hour}))
+		if got := uuidsOf(o.pending(sqladapters.PendingQuery{Limit: 100})); got != "x b n2" {
+			t.Fatalf("with a1 and n1 backing off: %s (want a2 held back, x and n2 free)", got)
+		}
+		// Due again: a1 comes first, then a2.
+		o.exec(o.d.RecordFailure(sqladapters.Failure{ID: ids[0], Attempts: 2, Error: "down", Backoff: 0}))
+		rows := o.pending(sqladapters.PendingQuery{Limit: 100})
+		if got := uuidsOf(rows); got != "a1 a2 x b n2" || rows[0].Attempts != 2 {
+			t.Fatalf("with a1 due: %s (attempts %d)", got, rows[0].Attempts)
+		}
+		// A dead row does not hold its key back.
+		o.exec(o.d.RecordFailure(sqladapters.Failure{ID: ids[0], Attempts: 3, Error: "gone", Backoff: time.Hour, Dead: true}))
+		if got := uuidsOf(o.pending(sqladapters.PendingQuery{Limit: 100})); got != "a2 x b n2" {
+			t.Fatalf("with a1 dead: %s", got)
+		}
+	})
+
+	t.Run("DeadLettersAndRequeue", func(t *testing.T) {
+		o := newMyOps(t, mysql.Options{})
+		ids := o.insert(sqladapters.OutboxMessage{UUID: "d1", Key: "k"}, sqladapters.OutboxMessage{UUID: "d2"}, sqladapters.OutboxMessage{UUID: "ok"})
+		for _, id := range ids[:2] {
+			o.exec(o.d.RecordFailure(sqladapters.Failure{ID: id, Attempts: 1, Error: "first", Backoff: time.Millisecond}))
+			o.exec(o.d.RecordFailure(sqladapters.Failure{ID: id, Attempts: 2, Error: fmt.Sprint("last of ", id), Dead: true}))
+		}
+		if got := uuidsOf(o.pending(sqladapters.PendingQuery{Limit: 100})); got != "ok" {
+			t.Fatalf("pending with two dead rows: %s", got)
+		}
+		dead := myDeadLetters(t, o, 0, 10)
+		if len(dead) != 2 || dead[0].UUID != "d1" || dead[0].Key != "k" || dead[0].Attempts != 2 ||
+			dead[0].LastError != fmt.Sprint("last of ", ids[0]) || dead[0].DeadAt.IsZero() || dead[1].UUID != "d2" {
+			t.Fatalf("dead letters %+v", dead)
+		}
+		if page := myDeadLetters(t, o, dead[0].ID, 10); len(page) != 1 || page[0].ID != dead[1].ID {
+			t.Fatalf("second page %+v", page)
+		}
+		if n := o.exec(o.d.RequeueDeadLetters([]int64{ids[1]})); n != 1 {
+			t.Fatalf("requeued %d", n)
+		}
+		rows := o.pending(sqladapters.PendingQuery{Limit: 100})
+		if got := uuidsOf(rows); got != "d2 ok" || rows[0].Attempts != 0 {
+			t.Fatalf("after requeue of d2: %s", got)
+		}
+		if n := o.exec(o.d.RequeueDeadLetters(nil)); n != 1 {
+			t.Fatalf("requeue all: %d", n)
+		}
+		if dead := myDeadLetters(t, o, 0, 10); len(dead) != 0 {
+			t.Fatalf("dead after requeue all: %+v", dead)
+		}
+	})
+
+	for _, skip := range []bool{false, true} {
+		t.Run(fmt.Sprint("Leases/SkipLocked=", skip), func(t *testing.T) {
+			o := newMyOps(t, mysql.Options{SkipLocked: skip})
+			if skip {
+				if ok, _ := mysql.DetectSkipLocked(o.ctx, o.db); !ok {
+					t.Skip("server without SKIP LOCKED")
+				}
+			}
+			for _, q := range o.d.EnsurePartitions(8) {
+				o.exec(q)
+			}
+			owned := func(inst string) string { return fmt.Sprint(o.ints(o.d.OwnedPartitions(inst))) }
+			o.exec(o.d.Heartbeat("A", time.Minute))
+			o.exec(o.d.Heartbeat("B", time.Minute))
+			if n := o.ints(o.d.CountMembers()); n[0] != 2 {
+				t.Fatalf("members %v", n)
+			}
+			o.exec(o.d.ClaimPartitions("A", time.Minute, 4))
+			o.exec(o.d.ClaimPartitions("B", time.Minute, 8))
+			if a, b := owned("A"), owned("B"); a != "[0 1 2 3]" || b != "[4 5 6 7]" {
+				t.Fatalf("A %s, B %s", a, b)
+			}
+			if n := o.exec(o.d.ClaimPartitions("A", time.Minute, 4)); n != 0 {
+				t.Fatalf("A claimed %d taken partitions", n)
+			}
+			// Release hands partitions to the next claimer.
+			o.exec(o.d.ReleasePartitions("B", []int{6, 7}))
+			o.exec(o.d.ReleasePartitions("A", []int{4})) // not A's: no effect
+			o.exec(o.d.ClaimPartitions("A", time.Minute, 8))
+			if a, b := owned("A"), owned("B"); a != "[0 1 2 3 6 7]" || b != "[4 5]" {
+				t.Fatalf("after release: A %s, B %s", a, b)
+			}
+			// B's leases expire; A takes them over, and B can no longer
+			// renew them.
+			o.exec(o.d.ReleasePartitions("B", []int{4, 5}))
+			o.exec(o.d.ClaimPartitions("B", 300*time.Millisecond, 2))
+			if b := owned("B"); b != "[4 5]" {
+				t.Fatalf("B %s", b)
+			}
+			if n := o.exec(o.d.RenewPartitions("B", 300*time.Millisecond)); n != 2 {
+				t.Fatalf("B renewed %d", n)
+			}
+			time.Sleep(400 * time.Millisecond)
+			if b := owned("B"); b != "[]" {
+				t.Fatalf("B still owns %s after expiry", b)
+			}
+			if n := o.exec(o.d.RenewPartitions("B", time.Minute)); n != 0 {
+				t.Fatalf("B renewed %d expired leases", n)
+			}
+			o.exec(o.d.ClaimPartitions("A", time.Minute, 8))
+			if a := owned("A"); a != "[0 1 2 3 4 5 6 7]" {
+				t.Fatalf("A after takeover %s", a)
+			}
+			o.exec(o.d.RemoveMember("B"))
+			if n := o.ints(o.d.CountMembers()); n[0] != 1 {
+				t.Fatalf("members after remove %v", n)
+			}
+		})
+
+		t.Run(fmt.Sprint("ConcurrentClaims/SkipLocked=", skip), func(t *testing.T) {
+			o := newMyOps(t, mysql.Options{SkipLocked: skip})
+			if skip {
+				if ok, _ := mysql.DetectSkipLocked(o.ctx, o.db); !ok {
+					t.Skip("server without SKIP LOCKED")
+				}
+			}
+			const partitions, instances = 32, 8
+			for _, q := range o.d.EnsurePartitions(partitions) {
+				o.exec(q)
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, instances*10)
+			for i := range instances {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 10 {
+						if _, err := o.d.ClaimPartitions(fmt.Sprint("i", i), time.Minute, 3).Exec(o.ctx, o.db); err != nil {
+							errs <- err
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			seen := map[int64]string{}
+			total := 0
+			for i := range instances {
+				inst := fmt.Sprint("i", i)
+				for _, p := range o.ints(o.d.OwnedPartitions(inst)) {
+					if prev, ok := seen[p]; ok {
+						t.Fatalf("partition %d owned by %s and %s", p, prev, inst)
+					}
+					seen[p] = inst
+					total++
+				}
+			}
+			if total != partitions {
+				t.Fatalf("%d of %d partitions claimed", total, partitions)
+			}
+		})
+	}
+}
+
+func myDeadLetters(t *testing.T, o *myOps, after int64, limit int) []sqladapters.DeadLetter {
+	t.Helper()
+	rows, err := o.d.ListDeadLetters(after, limit).Query(o.ctx, o.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []sqladapters.DeadLetter
+	for rows.Next() {
+		var dl sqladapters.DeadLetter
+		var key sql.NullString
+		if err := rows.Scan(&dl.ID, &dl.Topic, &dl.UUID, &dl.Payload, &dl.Metadata, &key, &dl.Attempts,
+			&dl.LastError, &dl.CreatedAt, &dl.DeadAt); err != nil {
+			t.Fatal(err)
+		}
+		dl.Key = key.String
+		out = append(out, dl)
+	}
+	return out
+}
+
+// TestMySQLInbox records through the inbox package: first time, duplicate,
+// and concurrent duplicates in REPEATABLE READ and READ COMMITTED, where
+// exactly one of several transactions sees the message first.
+func TestMySQLInbox(t *testing.T) {
+	raw := testenv.MySQL(t)
+	d := testenv.MySQLDialect(t, raw, mysql.Options{})
+	ib, err := inbox.New(inbox.Config{Dialect: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testenv.Ctx(t, time.Minute)
+	for _, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelReadCommitted} {
+		t.Run(iso.String(), func(t *testing.T) {
+			id := testenv.UniqueName("msg-")
+			const racers = 6
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			firsts, deadlocks := 0, 0
+			start := make(chan struct{})
+			for range racers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tx, err := raw.BeginTx(ctx, &sql.TxOptions{Isolation: iso})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					<-start
+					first, err := ib.Record(ctx, stdsql.WrapTx(tx), "billing", id)
+					if err != nil {
+						_ = tx.Rollback()
+						// When the first inserter rolls back, InnoDB may
+						// pick deadlock victims among the waiters; the
+						// message is then redelivered. Nothing else may fail.
+						var me *mysqldrv.MySQLError
+						if !errors.As(err, &me) || me.Number != 1213 {
+							t.Error(err)
+						}
+						mu.Lock()
+						deadlocks++
+						mu.Unlock()
+						return
+					}
+					if first {
+						time.Sleep(50 * time.Millisecond) // the handler's work
+					}
+					if err := tx.Commit(); err != nil {
+						t.Error(err)
+						return
+					}
+					if first {
+						mu.Lock()
+						firsts++
+						mu.Unlock()
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			if firsts != 1 {
+				t.Fatalf("%d transactions saw message %s first (%d failed)", firsts, id, deadlocks)
+			}
+			tx, err := raw.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			if first, err := ib.Record(ctx, stdsql.WrapTx(tx), "billing", id); err != nil || first {
+				t.Fatalf("redelivery: first=%v, %v", first, err)
+			}
+		})
+	}
+
+	t.Run("Cleaner", func(t *testing.T) {
+		for i := range 5 {
+			if _, err := raw.ExecContext(ctx, `INSERT INTO `+d.InboxTable()+` (consumer, message_id, received_at)
+VALUES ('old', ?, UTC_TIMESTAMP(6) - INTERVAL 2 DAY)`, fmt.Sprint("m", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, err := inbox.NewCleaner(inbox.CleanerConfig{DB: stdsql.WrapDB(raw), Dialect: d, Retention: 24 * time.Hour, BatchSize: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := c.CleanOnce(ctx); err != nil || n != 5 {
+			t.Fatalf("cleaned %d, %v; want the 5 old rows", n, err)
+		}
+		var old, recent int
+		if err := raw.QueryRowContext(ctx, `SELECT COUNT(consumer = 'old' OR NULL), COUNT(consumer <> 'old' OR NULL) FROM `+d.InboxTable()).Scan(&old, &recent); err != nil || old != 0 || recent != 2 {
+			t.Fatalf("%d old and %d recent rows left (%v), want 0 and 2", old, recent, err)
+		}
+	})
+}

@@ -1,0 +1,340 @@
+package mysql
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+const (
+	// DefaultOutboxTable is the outbox table name used when Options leaves
+	// it empty.
+	DefaultOutboxTable = "millbox_outbox"
+	// DefaultInboxTable is the inbox table name used when Options leaves it
+	// empty.
+	DefaultInboxTable = "millbox_inbox"
+	// MaxTableNameLength leaves room for the longest derived table name,
+	// OutboxTable + "_migrations", within MySQL's 64 bytes. Index names are
+	// local to their table in MySQL, so they need no room.
+	MaxTableNameLength = 64 - len("_migrations")
+	// MaxDatabaseNameLength is the longest Options.Database. MySQL allows
+	// 64 bytes; sqladapters.ValidateIdentifier allows 63 for every
+	// database.
+	MaxDatabaseNameLength = sqladapters.MaxIdentifierLength
+	// DefaultMigrationLockTimeout is how long Migrate waits for another
+	// migrator to finish when Options leaves MigrationLockTimeout zero.
+	DefaultMigrationLockTimeout = time.Minute
+	// DefaultMaxInsertBytes is the size budget of one outbox INSERT when
+	// Options leaves MaxInsertBytes zero. Even if every byte needed
+	// escaping, such a statement fits the smallest default
+	// max_allowed_packet (4 MiB on MySQL 5.7; 16 MiB on MariaDB, 64 MiB on
+	// MySQL 8), and it is large enough that round trips stop mattering.
+	DefaultMaxInsertBytes = 2 << 20
+
+	// rowsPerInsert keeps one INSERT (6 placeholders a row) under MySQL's
+	// 65,535 placeholders per statement.
+	rowsPerInsert = 10000
+	// rowOverhead estimates the SQL text of one VALUES tuple besides its
+	// arguments.
+	rowOverhead = 64
+	// now is the database clock in UTC. MySQL evaluates it once per
+	// statement, so every use within one statement agrees.
+	now = `UTC_TIMESTAMP(6)`
+	// nowPlus is now shifted by a placeholder holding microseconds.
+	nowPlus = `UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND`
+	// timeLayout renders a time for comparison with a DATETIME(6) column.
+	timeLayout = "2006-01-02 15:04:05.000000"
+	// maxErrorBytes bounds last_error, a TEXT column of 65,535 bytes.
+	maxErrorBytes = 16 << 10
+
+	// Widths of the VARBINARY key columns. Longer values are stored as
+	// their digest (see fitKey).
+	maxOwnerBytes     = 255
+	maxConsumerBytes  = 255
+	maxMessageIDBytes = 512
+)
+
+// Options names the tables of one millbox installation and tunes the SQL.
+type Options struct {
+	// Database holding the tables. Defaults to "" (unqualified names, found
+	// in the connection's default database, the one named in the DSN).
+	// Migrate creates it if missing.
+	Database string
+	// OutboxTable defaults to DefaultOutboxTable. The lease, member and
+	// migration tables are named after it with suffixes _leases, _members
+	// and _migrations.
+	OutboxTable string
+	// InboxTable defaults to DefaultInboxTable.
+	InboxTable string
+	// SkipLocked tells the dialect that the server supports FOR UPDATE
+	// SKIP LOCKED (MySQL 8.0.1+, MariaDB 10.6+): partition claims then skip
+	// lease rows another instance is claiming instead of waiting for it.
+	// DetectSkipLocked finds the right value. Defaults to false, which
+	// works on every server.
+	SkipLocked bool
+	// MigrationLockTimeout bounds how long Migrate waits for a concurrent
+	// migrator; it is rounded up to whole seconds. Defaults to
+	// DefaultMigrationLockTimeout.
+	MigrationLockTimeout time.Duration
+	// MaxInsertBytes is the size budget of one outbox INSERT, counting
+	// every argument byte twice (escaping may double it). A Publish call
+	// over the budget is split into several INSERTs; a single larger
+	// message goes alone. Keep it below the server's max_allowed_packet.
+	// Defaults to DefaultMaxInsertBytes.
+	MaxInsertBytes int
+}
+
+// Dialect is the MySQL/MariaDB dialect. Build it with New.
+type Dialect struct {
+	opts                                    Options
+	outbox, inbox, leases, members, migrate string
+}
+
+var _ sqladapters.Dialect = (*Dialect)(nil)
+
+// New validates opts, applies defaults and returns the dialect.
+func New(opts Options) (*Dialect, error) {
+	if opts.OutboxTable == "" {
+		opts.OutboxTable = DefaultOutboxTable
+	}
+	if opts.InboxTable == "" {
+		opts.InboxTable = DefaultInboxTable
+	}
+	if opts.MigrationLockTimeout == 0 {
+		opts.MigrationLockTimeout = DefaultMigrationLockTimeout
+	}
+	if opts.MaxInsertBytes == 0 {
+		opts.MaxInsertBytes = DefaultMaxInsertBytes
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	d := &Dialect{opts: opts}
+	d.outbox = d.qualify(opts.OutboxTable)
+	d.inbox = d.qualify(opts.InboxTable)
+	d.leases = d.qualify(opts.OutboxTable + "_leases")
+	d.members = d.qualify(opts.OutboxTable + "_members")
+	d.migrate = d.qualify(opts.OutboxTable + "_migrations")
+	return d, nil
+}
+
+func (o Options) validate() error {
+	if o.Database != "" {
+		if err := sqladapters.ValidateIdentifier("mysql.Options.Database", o.Database); err != nil {
+			return err
+		}
+	}
+	for _, f := range []struct{ field, name string }{
+		{"mysql.Options.OutboxTable", o.OutboxTable},
+		{"mysql.Options.InboxTable", o.InboxTable},
+	} {
+		if err := sqladapters.ValidateIdentifier(f.field, f.name); err != nil {
+			return err
+		}
+		if len(f.name) > MaxTableNameLength {
+			return fmt.Errorf("%w: %s %q is longer than %d bytes", sqladapters.ErrInvalidName, f.field, f.name, MaxTableNameLength)
+		}
+	}
+	// Table names are case-insensitive where MySQL stores them
+	// lower-cased (lower_case_table_names=1, the default on Windows and
+	// macOS), so compare them that way everywhere.
+	seen := map[string]bool{}
+	for _, name := range tableNames(o) {
+		if seen[strings.ToLower(name)] {
+			return fmt.Errorf("%w: mysql.Options.OutboxTable %q and InboxTable %q both lead to a table named %q",
+				sqladapters.ErrInvalidName, o.OutboxTable, o.InboxTable, name)
+		}
+		seen[strings.ToLower(name)] = true
+	}
+	if o.MigrationLockTimeout < 0 {
+		return fmt.Errorf("millbox: mysql.Options.MigrationLockTimeout %v is negative", o.MigrationLockTimeout)
+	}
+	if o.MaxInsertBytes < 0 {
+		return fmt.Errorf("millbox: mysql.Options.MaxInsertBytes %d is negative", o.MaxInsertBytes)
+	}
+	return nil
+}
+
+// tableNames lists every table an installation creates.
+func tableNames(o Options) []string {
+	t := o.OutboxTable
+	return []string{t, t + "_leases", t + "_members", t + "_migrations", o.InboxTable}
+}
+
+// MustNew is New that panics on invalid options, for package-level
+// variables with constant names.
+func MustNew(opts Options) *Dialect {
+	d, err := New(opts)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+// quote backtick-quotes a validated identifier, which never contains a
+// backtick.
+func quote(ident string) string { return "`" + ident + "`" }
+
+func (d *Dialect) qualify(name string) string {
+	if d.opts.Database == "" {
+		return quote(name)
+	}
+	return quote(d.opts.Database) + "." + quote(name)
+}
+
+// Name returns "mysql"; the dialect serves MySQL and MariaDB alike.
+func (d *Dialect) Name() string { return "mysql" }
+
+// Features reports MySQL's capabilities: DDL commits implicitly, there are
+// no notifications, and SKIP LOCKED is what Options.SkipLocked says.
+func (d *Dialect) Features() sqladapters.Features {
+	return sqladapters.Features{
+		TransactionalDDL:  false,
+		Notify:            false,
+		SkipLocked:        d.opts.SkipLocked,
+		ConcurrentWriters: true,
+	}
+}
+
+// OutboxTable returns the quoted outbox table name.
+func (d *Dialect) OutboxTable() string { return d.outbox }
+
+// InboxTable returns the quoted inbox table name.
+func (d *Dialect) InboxTable() string { return d.inbox }
+
+// Tables returns the quoted, qualified names of every table Migrate
+// creates: outbox, leases, members, inbox, and the version table last.
+func (d *Dialect) Tables() []string {
+	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate}
+}
+
+// Database returns Options.Database, "" when names are unqualified.
+func (d *Dialect) Database() string { return d.opts.Database }
+
+// NotifyChannel returns "": MySQL has no notifications. Forwarders poll,
+// and a publisher in the same process wakes them directly.
+func (d *Dialect) NotifyChannel() string { return "" }
+
+// MySQL error numbers ClassifyError maps.
+const (
+	erBadDB       = 1049 // ER_BAD_DB_ERROR: unknown database
+	erNoSuchTable = 1146 // ER_NO_SUCH_TABLE
+	erDupEntry    = 1062 // ER_DUP_ENTRY
+)
+
+// ClassifyError maps MySQL errors 1146 (table does not exist) and 1049
+// (unknown database) to *sqladapters.MissingTableError and 1062 (duplicate
+// entry) to sqladapters.ErrDuplicate. It recognizes the errors of
+// github.com/go-sql-driver/mysql, the driver MySQL users of database/sql
+// have.
+func (d *Dialect) ClassifyError(err error) error {
+	var me *mysqldrv.MySQLError
+	if err == nil || !errors.As(err, &me) {
+		return err
+	}
+	switch me.Number {
+	case erNoSuchTable, erBadDB:
+		return &sqladapters.MissingTableError{Dialect: d.Name(), Err: err}
+	case erDupEntry:
+		return fmt.Errorf("%w: %w", sqladapters.ErrDuplicate, err)
+	}
+	return err
+}
+
+// DetectSkipLocked reports whether the server behind e supports SELECT ...
+// FOR UPDATE SKIP LOCKED (MySQL 8.0.1 and later, MariaDB 10.6 and later),
+// from SELECT VERSION(). Pass the result as Options.SkipLocked.
+func DetectSkipLocked(ctx context.Context, e sqladapters.Executor) (bool, error) {
+	rows, err := e.Query(ctx, `SELECT VERSION()`)
+	if err != nil {
+		return false, fmt.Errorf("millbox: mysql: read server version: %w", err)
+	}
+	defer rows.Close()
+	var version string
+	if rows.Next() {
+		err = rows.Scan(&version)
+	} else if err = rows.Err(); err == nil {
+		err = errors.New("no row")
+	}
+	if err != nil {
+		return false, fmt.Errorf("millbox: mysql: read server version: %w", err)
+	}
+	return skipLockedIn(version)
+}
+
+// skipLockedIn tells from a VERSION() string, such as "8.0.36",
+// "10.11.6-MariaDB-0+deb12u1" or "5.5.5-10.6.12-MariaDB", whether the
+// server has SKIP LOCKED.
+func skipLockedIn(version string) (bool, error) {
+	lower := strings.ToLower(version)
+	if strings.Contains(lower, "tidb") {
+		// TiDB reports a MySQL version it does not match in locking.
+		return false, nil
+	}
+	mariadb := strings.Contains(lower, "mariadb")
+	v := version
+	// MariaDB behind some proxies reports a 5.5.5- prefix for old clients.
+	if mariadb {
+		v = strings.TrimPrefix(v, "5.5.5-")
+	}
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false, fmt.Errorf("millbox: mysql: cannot parse server version %q", version)
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	patch := 0
+	if len(parts) == 3 {
+		digits := parts[2]
+		if i := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+			digits = digits[:i]
+		}
+		patch, _ = strconv.Atoi(digits)
+	}
+	if err1 != nil || err2 != nil {
+		return false, fmt.Errorf("millbox: mysql: cannot parse server version %q", version)
+	}
+	if mariadb {
+		return major > 10 || major == 10 && minor >= 6, nil
+	}
+	return major > 8 || major == 8 && (minor > 0 || patch >= 1), nil
+}
+
+// fitKey returns s when it fits a VARBINARY(limit) key column and its
+// SHA-256 otherwise, so an over-long value is never truncated into another
+// value's key. The digest starts with a NUL byte, which the inbox refuses
+// in real keys, so it cannot equal one.
+func fitKey(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return "\x00sha256:" + hex.EncodeToString(sum[:])
+}
+
+// micros renders a duration as the argument of "INTERVAL ? MICROSECOND".
+func micros(t time.Duration) int64 { return t.Microseconds() }
+
+// intList renders ids as a comma-separated list of integer literals. The
+// values are formatted integers, never text from outside, so inlining them
+// is safe; it keeps statements clear of the 65,535-placeholder limit.
+func intList[T int | int64](ids []T) string {
+	var b strings.Builder
+	b.Grow(len(ids) * 8)
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(int64(id), 10))
+	}
+	return b.String()
+}
