@@ -19,8 +19,11 @@ import (
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/mysql"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
+	"github.com/millbox/millbox/sqladapters/sqlite"
+	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
 // consumeGroup reads topic with a watermill-kafka consumer group, the way a
@@ -62,11 +65,10 @@ func consumeGroup(t *testing.T, addrs []string, topic string) *conformance.Recor
 	return rec
 }
 
-func pgxSource(pool interface {
-	sqladapters.DB
-}) conformance.TxSource {
-	return conformance.TxSource{Name: "pgxpool", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-		tx, err := pool.Begin(ctx, sqlTxOptions)
+// pgxSource begins transactions on db (any adapter, despite the name).
+func pgxSource(db sqladapters.DB) conformance.TxSource {
+	return conformance.TxSource{Name: "db", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
+		tx, err := db.Begin(ctx, sqlTxOptions)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,28 +205,76 @@ func deadSummary(dead []sqladapters.DeadLetter) string {
 	return b.String()
 }
 
+// crashDB is one database the crash test runs on: how the parent writes,
+// and the environment the child needs to reopen the same outbox.
+type crashDB struct {
+	db      sqladapters.DB
+	dialect sqladapters.Dialect
+	env     []string
+}
+
+func crashDatabase(t *testing.T, name string) crashDB {
+	switch name {
+	case "postgres":
+		pool := testenv.Postgres(t)
+		db := pgxv5.WrapPool(pool)
+		d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
+		return crashDB{db, d, []string{"MILLBOX_CRASH_SCHEMA=" + d.Schema()}}
+	case "mysql":
+		sqlDB := testenv.MySQL(t)
+		d := testenv.MySQLDialect(t, sqlDB, mysql.Options{})
+		return crashDB{stdsql.WrapDB(sqlDB), d, []string{"MILLBOX_CRASH_OUTBOX=" + d.Options().OutboxTable, "MILLBOX_CRASH_INBOX=" + d.Options().InboxTable}}
+	case "sqlite":
+		path := testenv.SQLitePath(t)
+		db := stdsql.WrapDB(testenv.SQLite(t, path))
+		d := testenv.SQLiteDialect(t, db, sqlite.Options{})
+		return crashDB{db, d, []string{"MILLBOX_CRASH_SQLITE=" + path, "MILLBOX_CRASH_OUTBOX=" + d.Options().OutboxTable, "MILLBOX_CRASH_INBOX=" + d.Options().InboxTable}}
+	}
+	t.Fatalf("unknown database %q", name)
+	return crashDB{}
+}
+
+// childOutbox reopens, in the child process, the outbox crashDatabase made.
+func childOutbox(t *testing.T, name string) (sqladapters.DB, sqladapters.Dialect) {
+	switch name {
+	case "postgres":
+		return pgxv5.WrapPool(testenv.Postgres(t)), postgres.MustNew(postgres.Options{Schema: os.Getenv("MILLBOX_CRASH_SCHEMA")})
+	case "mysql":
+		return stdsql.WrapDB(testenv.MySQL(t)), mysql.MustNew(mysql.Options{
+			OutboxTable: os.Getenv("MILLBOX_CRASH_OUTBOX"), InboxTable: os.Getenv("MILLBOX_CRASH_INBOX")})
+	case "sqlite":
+		return stdsql.WrapDB(testenv.SQLite(t, os.Getenv("MILLBOX_CRASH_SQLITE"))), sqlite.MustNew(sqlite.Options{
+			OutboxTable: os.Getenv("MILLBOX_CRASH_OUTBOX"), InboxTable: os.Getenv("MILLBOX_CRASH_INBOX")})
+	}
+	t.Fatalf("unknown database %q", name)
+	return nil, nil
+}
+
 // TestForwarderCrash kills forwarder processes with SIGKILL at random
 // moments while 20,000 messages flow: nothing is lost, per-key order of
 // first deliveries holds, and duplicates (batches in flight at a kill) are
-// counted.
+// counted. It runs on every database.
 func TestForwarderCrash(t *testing.T) {
 	if os.Getenv("MILLBOX_CRASH_CHILD") != "" {
 		t.Skip("child mode")
 	}
-	pool := testenv.Postgres(t)
-	db := pgxv5.WrapPool(pool)
-	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
+	for _, name := range []string{"postgres", "mysql", "sqlite"} {
+		t.Run(name, func(t *testing.T) { testForwarderCrash(t, name) })
+	}
+}
+
+func testForwarderCrash(t *testing.T, name string) {
+	c := crashDatabase(t, name)
 	k := testenv.StartKafka(t, "crash")
 	rec := consumeGroup(t, k.Addrs(), "crash")
 	ctx := context.Background()
 
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestForwarderCrashChild$", "-test.v")
-		cmd.Env = append(os.Environ(),
-			"MILLBOX_CRASH_CHILD=1",
-			"MILLBOX_CRASH_SCHEMA="+d.Schema(),
+		cmd.Env = append(append(os.Environ(),
+			"MILLBOX_CRASH_CHILD="+name,
 			"MILLBOX_CRASH_KAFKA="+k.Addr(),
-		)
+		), c.env...)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -234,7 +284,7 @@ func TestForwarderCrash(t *testing.T) {
 	written := make(chan struct{})
 	go func() {
 		defer close(written)
-		conformance.WriteKeyed(t, ctx, pgxSource(db), d, "crash", 100, 200, 5, 4)
+		conformance.WriteKeyed(t, ctx, pgxSource(c.db), c.dialect, "crash", 100, 200, 5, 4)
 	}()
 	kills := 0
 	for i := 0; i < 6; i++ {
@@ -255,7 +305,7 @@ func TestForwarderCrash(t *testing.T) {
 	rec.WaitFor(t, 20000, 3*time.Minute)
 	conformance.CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
 	dups := len(rec.Messages()) - rec.Distinct()
-	t.Logf("%d kills, 20000 messages, 0 lost, %d duplicates from batches in flight at a kill", kills, dups)
+	t.Logf("%s: %d kills, 20000 messages, 0 lost, %d duplicates from batches in flight at a kill", name, kills, dups)
 	if dups > kills*2*forwarder.DefaultBatchSize {
 		t.Fatalf("%d duplicates is more than the batches in flight at %d kills", dups, kills)
 	}
@@ -264,18 +314,16 @@ func TestForwarderCrash(t *testing.T) {
 // TestForwarderCrashChild is the forwarder process TestForwarderCrash
 // kills; it does nothing unless started by it.
 func TestForwarderCrashChild(t *testing.T) {
-	if os.Getenv("MILLBOX_CRASH_CHILD") == "" {
+	name := os.Getenv("MILLBOX_CRASH_CHILD")
+	if name == "" {
 		t.Skip("run by TestForwarderCrash")
 	}
-	pool := testenv.Postgres(t)
-	d := postgres.MustNew(postgres.Options{Schema: os.Getenv("MILLBOX_CRASH_SCHEMA")})
+	db, d := childOutbox(t, name)
 	pub, err := testenv.NewKafkaPublisher([]string{os.Getenv("MILLBOX_CRASH_KAFKA")}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := forwarder.New(forwarder.Config{
-		DB: pgxv5.WrapPool(pool), Dialect: d, Publisher: pub, LeaseTTL: time.Second,
-	})
+	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Publisher: pub, LeaseTTL: time.Second, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

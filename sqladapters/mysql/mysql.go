@@ -338,3 +338,6 @@ func intList[T int | int64](ids []T) string {
 	}
 	return b.String()
 }
+
+// Options returns the options the dialect was built with, defaults applied.
+func (d *Dialect) Options() Options { return d.opts }

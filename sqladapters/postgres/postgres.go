@@ -193,3 +193,6 @@ func intArray(v []int) string {
 
 // Schema returns the schema name, "" when names are unqualified.
 func (d *Dialect) Schema() string { return d.opts.Schema }
+
+// Options returns the options the dialect was built with, defaults applied.
+func (d *Dialect) Options() Options { return d.opts }

@@ -214,3 +214,6 @@ func idList[T int | int64](ids []T) string {
 	b.WriteByte(']')
 	return b.String()
 }
+
+// Options returns the options the dialect was built with, defaults applied.
+func (d *Dialect) Options() Options { return d.opts }
