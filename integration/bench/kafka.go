@@ -26,12 +26,11 @@ func init() {
 // millboxToKafka prefills n messages into a fresh Postgres outbox and times
 // one millbox forwarder draining them to a fresh topic.
 func millboxToKafka(ctx context.Context, o options, k *testenv.Kafka, n int) (float64, error) {
-	pool, d, cleanup, err := pgOutbox(ctx, o.pgURL)
+	db, d, cleanup, err := benchOutbox(ctx, o)
 	if err != nil {
 		return 0, err
 	}
 	defer cleanup()
-	db := pgxv5.WrapPool(pool)
 	if err := prefill(ctx, db, d, n, 200, 256); err != nil {
 		return 0, err
 	}
@@ -72,7 +71,7 @@ func runForward(ctx context.Context, o options) error {
 		return err
 	}
 	defer k.Stop()
-	fmt.Printf("draining %d messages (200 keys, 256-byte payloads) to Kafka (kfake, 8 partitions)\n", n)
+	fmt.Printf("draining %d messages (200 keys, 256-byte payloads) from %s to Kafka (kfake, 8 partitions)\n", n, o.db)
 	mill, err := millboxToKafka(ctx, o, k, n)
 	if err != nil {
 		return fmt.Errorf("millbox: %w", err)
@@ -81,7 +80,11 @@ func runForward(ctx context.Context, o options) error {
 	if env("MILLBOX_BENCH_SKIP_STOCK", "") != "" {
 		return nil
 	}
-	stock, err := stockForward(ctx, o.pgURL, k.Addrs(), n, 200, 256)
+	stockRun := stockForward
+	if o.db == "mysql" {
+		stockRun = stockForwardMySQL
+	}
+	stock, err := stockRun(ctx, map[bool]string{true: o.mysqlDSN, false: o.pgURL}[o.db == "mysql"], k.Addrs(), n, 200, 256)
 	if err != nil {
 		return fmt.Errorf("stock: %w", err)
 	}
