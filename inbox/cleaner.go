@@ -128,8 +128,10 @@ func NewCleaner(cfg CleanerConfig) (*Cleaner, error) {
 }
 
 // CleanOnce deletes every row older than the retention window, BatchSize
-// rows per statement, and returns how many it deleted. It stops early when
-// ctx ends.
+// rows per statement, each statement on its own, and returns how many it
+// deleted. The window is measured with this process's clock against the
+// database's received_at; keep clocks in sync to well within the window.
+// It stops early when ctx ends.
 func (c *Cleaner) CleanOnce(ctx context.Context) (deleted int, err error) {
 	return c.clean(ctx, nil)
 }

@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -32,7 +33,8 @@ type inboxFixture struct {
 	ctx    context.Context
 	pool   *pgxpool.Pool
 	db     sqladapters.DB // the DB the middleware begins transactions on
-	driver string         // "pgx" or "database/sql": how handlers reach the tx
+	driver string         // "pgx" or "database-sql": how handlers reach the tx
+	sqlDB  *sql.DB        // with "database-sql"
 	d      *postgres.Dialect
 
 	handled atomic.Int64 // handler runs that committed (see markHandled)
@@ -58,8 +60,31 @@ func newInboxFixture(t *testing.T) *inboxFixture {
 // useStdSQL makes the middleware begin transactions through database/sql
 // (pgx stdlib), and handlers reach them with stdsql.TxFromContext.
 func (f *inboxFixture) useStdSQL() {
-	f.db = stdsql.WrapDB(openSQL(f.t, "pgx", testenv.PostgresURL()))
-	f.driver = "database/sql"
+	f.sqlDB = openSQL(f.t, "pgx", testenv.PostgresURL())
+	f.db = stdsql.WrapDB(f.sqlDB)
+	f.driver = "database-sql"
+}
+
+// newInboxFixtureFor returns a fixture whose middleware uses driver.
+func newInboxFixtureFor(t *testing.T, driver string) *inboxFixture {
+	t.Helper()
+	f := newInboxFixture(t)
+	if driver == "database-sql" {
+		f.useStdSQL()
+	}
+	return f
+}
+
+// inboxDrivers are the DB adapters the middleware tests run with.
+var inboxDrivers = []string{"pgx", "database-sql"}
+
+// connsInUse counts the middleware DB's connections held by a transaction
+// or statement.
+func (f *inboxFixture) connsInUse() int {
+	if f.sqlDB != nil {
+		return f.sqlDB.Stats().InUse
+	}
+	return int(f.pool.Stat().AcquiredConns())
 }
 
 func (f *inboxFixture) table(name string) string {

@@ -18,6 +18,7 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
+	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
 // newInboxGoChannel returns a persistent GoChannel, closed after the test
@@ -64,13 +65,10 @@ func subscribeOne(t *testing.T, sub message.Subscriber, topic string) func() *me
 func TestInboxMiddleware(t *testing.T) {
 	t.Parallel()
 
-	for _, driver := range []string{"pgx", "database-sql"} {
+	for _, driver := range inboxDrivers {
 		t.Run("DeliveredThreeTimes/"+driver, func(t *testing.T) {
 			t.Parallel()
-			f := newInboxFixture(t)
-			if driver == "database-sql" {
-				f.useStdSQL()
-			}
+			f := newInboxFixtureFor(t, driver)
 			gc := newInboxGoChannel(t)
 			msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
 			publishCopies(t, gc, "orders", msg, 3)
@@ -90,82 +88,82 @@ func TestInboxMiddleware(t *testing.T) {
 				t.Fatalf("inbox rows %v", rows)
 			}
 		})
-	}
 
-	t.Run("FailedAttemptLeavesNothing", func(t *testing.T) {
-		t.Parallel()
-		f := newInboxFixture(t)
-		gc := newInboxGoChannel(t)
-		fl := newFailer()
-		var leftovers atomic.Int64
-		leftovers.Store(-1)
-		handler := func(msg *message.Message) error {
-			n := fl.next(msg.UUID)
-			if n == 2 {
-				// What the failed first attempt left committed.
-				var c int64
-				err := f.pool.QueryRow(f.ctx, `SELECT (SELECT count(*) FROM `+f.table("effects")+`) + (SELECT count(*) FROM `+f.d.InboxTable()+`)`).Scan(&c)
-				if err != nil {
+		t.Run("FailedAttemptLeavesNothing/"+driver, func(t *testing.T) {
+			t.Parallel()
+			f := newInboxFixtureFor(t, driver)
+			gc := newInboxGoChannel(t)
+			fl := newFailer()
+			var leftovers atomic.Int64
+			leftovers.Store(-1)
+			handler := func(msg *message.Message) error {
+				n := fl.next(msg.UUID)
+				if n == 2 {
+					// What the failed first attempt left committed.
+					var c int64
+					err := f.pool.QueryRow(f.ctx, `SELECT (SELECT count(*) FROM `+f.table("effects")+`) + (SELECT count(*) FROM `+f.d.InboxTable()+`)`).Scan(&c)
+					if err != nil {
+						return err
+					}
+					leftovers.Store(c)
+				}
+				if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
 					return err
 				}
-				leftovers.Store(c)
+				if n == 1 {
+					return errInjected
+				}
+				markHandled(msg)
+				return nil
 			}
-			if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
-				return err
+			msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
+			publishCopies(t, gc, "orders", msg, 1)
+			startInboxRouter(t, func(r *message.Router) {
+				r.AddMiddleware(f.middleware("billing"))
+				r.AddConsumerHandler("apply", "orders", gc, handler)
+			})
+			f.waitDeliveries(1)
+			if got := leftovers.Load(); got != 0 {
+				t.Fatalf("the failed attempt left %d rows (business + inbox)", got)
 			}
-			if n == 1 {
-				return errInjected
+			if n := f.effect(msg.UUID); n != 1 || fl.count(msg.UUID) != 2 {
+				t.Fatalf("effect %d after %d attempts; want 1 after 2", n, fl.count(msg.UUID))
 			}
-			markHandled(msg)
-			return nil
-		}
-		msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
-		publishCopies(t, gc, "orders", msg, 1)
-		startInboxRouter(t, func(r *message.Router) {
-			r.AddMiddleware(f.middleware("billing"))
-			r.AddConsumerHandler("apply", "orders", gc, handler)
+			if rows := f.inboxRows(); len(rows) != 1 {
+				t.Fatalf("inbox rows %v", rows)
+			}
 		})
-		f.waitDeliveries(1)
-		if got := leftovers.Load(); got != 0 {
-			t.Fatalf("the failed attempt left %d rows (business + inbox)", got)
-		}
-		if n := f.effect(msg.UUID); n != 1 || fl.count(msg.UUID) != 2 {
-			t.Fatalf("effect %d after %d attempts; want 1 after 2", n, fl.count(msg.UUID))
-		}
-		if rows := f.inboxRows(); len(rows) != 1 {
-			t.Fatalf("inbox rows %v", rows)
-		}
-	})
 
-	t.Run("PanicRollsBackAndPanicsAgain", func(t *testing.T) {
-		t.Parallel()
-		f := newInboxFixture(t)
-		h := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
-			if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
-				return nil, err
+		t.Run("PanicRollsBackAndPanicsAgain/"+driver, func(t *testing.T) {
+			t.Parallel()
+			f := newInboxFixtureFor(t, driver)
+			h := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
+				if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
+					return nil, err
+				}
+				panic("injected panic")
+			})
+			msg := message.NewMessage(watermill.NewUUID(), nil)
+			var recovered any
+			func() {
+				defer func() { recovered = recover() }()
+				_, _ = h(msg)
+			}()
+			if recovered != "injected panic" {
+				t.Fatalf("recovered %v, want the handler's panic", recovered)
 			}
-			panic("injected panic")
+			if n := f.effect(msg.UUID); n != 0 || len(f.inboxRows()) != 0 {
+				t.Fatalf("panicking handler left effect %d and inbox rows %v", n, f.inboxRows())
+			}
+			if _, err := sqladapters.TxFromContext(msg.Context()); !errors.Is(err, sqladapters.ErrNoTx) {
+				t.Fatalf("message context still holds the finished transaction: %v", err)
+			}
+			// A transaction holds its connection until it ends.
+			if n := f.connsInUse(); n != 0 {
+				t.Fatalf("%d connections still held by a transaction", n)
+			}
 		})
-		msg := message.NewMessage(watermill.NewUUID(), nil)
-		var recovered any
-		func() {
-			defer func() { recovered = recover() }()
-			_, _ = h(msg)
-		}()
-		if recovered != "injected panic" {
-			t.Fatalf("recovered %v, want the handler's panic", recovered)
-		}
-		if n := f.effect(msg.UUID); n != 0 || len(f.inboxRows()) != 0 {
-			t.Fatalf("panicking handler left effect %d and inbox rows %v", n, f.inboxRows())
-		}
-		if _, err := sqladapters.TxFromContext(msg.Context()); !errors.Is(err, sqladapters.ErrNoTx) {
-			t.Fatalf("message context still holds the finished transaction: %v", err)
-		}
-		// A pgx transaction holds its connection until it ends.
-		if n := f.pool.Stat().AcquiredConns(); n != 0 {
-			t.Fatalf("%d connections still held by a transaction", n)
-		}
-	})
+	}
 
 	t.Run("RetryRecovererPoisonQueue", func(t *testing.T) {
 		t.Parallel()
@@ -363,88 +361,101 @@ func TestInboxMiddleware(t *testing.T) {
 		}
 	})
 
-	t.Run("ConcurrentDuplicatesTwoRouters", func(t *testing.T) {
-		t.Parallel()
-		f := newInboxFixture(t)
-		gc := newInboxGoChannel(t)
-		var failures atomic.Int64 // errors returned to either router
-		var overlaps atomic.Int64 // barrier messages whose twin waited on the inbox key
-		observe := func(h message.HandlerFunc) message.HandlerFunc {
-			return func(msg *message.Message) ([]*message.Message, error) {
-				out, err := h(msg)
-				if err != nil {
-					failures.Add(1)
-				}
-				return out, err
-			}
-		}
-		handler := func(msg *message.Message) error {
-			if msg.Metadata.Get("barrier") == "1" {
-				// Hold this delivery's transaction until the other router's
-				// delivery of the same message blocks on the inbox key.
-				deadline := time.Now().Add(inboxWaitTimeout)
-				for time.Now().Before(deadline) {
-					var n int
-					if err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
-						"INSERT INTO "+f.d.InboxTable()+"%").Scan(&n); err != nil {
-						return err
+	for _, driver := range inboxDrivers {
+		t.Run("ConcurrentDuplicatesTwoRouters/"+driver, func(t *testing.T) {
+			t.Parallel()
+			f := newInboxFixtureFor(t, driver)
+			gc := newInboxGoChannel(t)
+			var failures atomic.Int64 // errors returned to either router
+			var overlaps atomic.Int64 // barrier messages whose twin waited on the inbox key
+			observe := func(h message.HandlerFunc) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
+					out, err := h(msg)
+					if err != nil {
+						failures.Add(1)
 					}
-					if n > 0 {
-						overlaps.Add(1)
-						break
-					}
-					time.Sleep(2 * time.Millisecond)
+					return out, err
 				}
 			}
-			return f.effectHandler(msg)
-		}
-		for range 2 {
-			startInboxRouter(t, func(r *message.Router) {
-				r.AddMiddleware(observe, f.middleware("billing"))
-				r.AddConsumerHandler("apply", "orders", gc, handler)
-			})
-		}
-		// GoChannel gives every subscriber every message: both routers get
-		// each one at the same time.
-		barrier := message.NewMessage(watermill.NewUUID(), nil)
-		barrier.Metadata.Set("barrier", "1")
-		publishCopies(t, gc, "orders", barrier, 1)
-		f.waitDeliveries(2)
-		if overlaps.Load() != 1 {
-			t.Fatal("the two deliveries did not overlap")
-		}
-		const n = 50
-		for range n {
-			publishCopies(t, gc, "orders", message.NewMessage(watermill.NewUUID(), nil), 1)
-		}
-		f.waitDeliveries(2 * (n + 1))
-		if failures.Load() != 0 {
-			t.Fatalf("%d deliveries failed", failures.Load())
-		}
-		if h, d := f.handled.Load(), f.dups.Load(); h != n+1 || d != n+1 {
-			t.Fatalf("handled %d, duplicates %d; want %d each", h, d, n+1)
-		}
-		for id, c := range f.effects() {
-			if c != 1 {
-				t.Fatalf("effect of %s applied %d times", id, c)
+			handler := func(msg *message.Message) error {
+				if msg.Metadata.Get("barrier") == "1" {
+					// Hold this delivery's transaction until the other router's
+					// delivery of the same message blocks on the inbox key.
+					deadline := time.Now().Add(inboxWaitTimeout)
+					for time.Now().Before(deadline) {
+						var n int
+						if err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
+							"INSERT INTO "+f.d.InboxTable()+"%").Scan(&n); err != nil {
+							return err
+						}
+						if n > 0 {
+							overlaps.Add(1)
+							break
+						}
+						time.Sleep(2 * time.Millisecond)
+					}
+				}
+				return f.effectHandler(msg)
 			}
-		}
-		if got := len(f.effects()); got != n+1 {
-			t.Fatalf("%d effects, want %d", got, n+1)
-		}
-	})
+			for range 2 {
+				startInboxRouter(t, func(r *message.Router) {
+					r.AddMiddleware(observe, f.middleware("billing"))
+					r.AddConsumerHandler("apply", "orders", gc, handler)
+				})
+			}
+			// GoChannel gives every subscriber every message: both routers get
+			// each one at the same time.
+			barrier := message.NewMessage(watermill.NewUUID(), nil)
+			barrier.Metadata.Set("barrier", "1")
+			publishCopies(t, gc, "orders", barrier, 1)
+			f.waitDeliveries(2)
+			if overlaps.Load() != 1 {
+				t.Fatal("the two deliveries did not overlap")
+			}
+			const n = 50
+			for range n {
+				publishCopies(t, gc, "orders", message.NewMessage(watermill.NewUUID(), nil), 1)
+			}
+			f.waitDeliveries(2 * (n + 1))
+			if failures.Load() != 0 {
+				t.Fatalf("%d deliveries failed", failures.Load())
+			}
+			if h, d := f.handled.Load(), f.dups.Load(); h != n+1 || d != n+1 {
+				t.Fatalf("handled %d, duplicates %d; want %d each", h, d, n+1)
+			}
+			for id, c := range f.effects() {
+				if c != 1 {
+					t.Fatalf("effect of %s applied %d times", id, c)
+				}
+			}
+			if got := len(f.effects()); got != n+1 {
+				t.Fatalf("%d effects, want %d", got, n+1)
+			}
+		})
+	}
 
+	// The handler reaches the driver transaction with one call, and the
+	// other driver's accessor says what is wrong.
 	t.Run("HandlerGetsDriverTx", func(t *testing.T) {
 		t.Parallel()
-		f := newInboxFixture(t)
-		var gotPgx bool
-		_, err := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
-			tx, err := pgxv5.TxFromContext(msg.Context())
-			gotPgx = err == nil && tx != nil
-			return nil, err
-		})(message.NewMessage(watermill.NewUUID(), nil))
-		if err != nil || !gotPgx {
-			t.Fatalf("pgxv5.TxFromContext in the handler: %v", err)
+		for _, driver := range inboxDrivers {
+			f := newInboxFixtureFor(t, driver)
+			var pgxErr, stdErr error
+			_, err := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
+				_, pgxErr = pgxv5.TxFromContext(msg.Context())
+				_, stdErr = stdsql.TxFromContext(msg.Context())
+				return nil, nil
+			})(message.NewMessage(watermill.NewUUID(), nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			right, wrong := pgxErr, stdErr
+			if driver == "database-sql" {
+				right, wrong = stdErr, pgxErr
+			}
+			if right != nil || !errors.Is(wrong, sqladapters.ErrWrongTxType) {
+				t.Fatalf("%s: own accessor %v, other accessor %v (want ErrWrongTxType)", driver, right, wrong)
+			}
 		}
 	})
 
