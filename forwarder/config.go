@@ -13,8 +13,8 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultBatchSize     = 1000
-	DefaultConcurrency   = 64
+	DefaultBatchSize     = 2000
+	DefaultConcurrency   = 256
 	DefaultPollInterval  = time.Second
 	DefaultPartitions    = 16
 	DefaultLeaseTTL      = 15 * time.Second

@@ -111,10 +111,7 @@ type PendingQuery struct {
 	// to read. Owned == nil reads every partition.
 	Partitions int
 	Owned      []int
-	// Exclude lists ids not to return (published rows whose delete is in
-	// flight).
-	Exclude []int64
-	Limit   int
+	Limit      int
 }
 
 // Failure records one failed publish of a row.

@@ -87,6 +87,10 @@ func runDrainLimit(ctx context.Context, o options) error {
 	if err := prefill(ctx, pgxv5.WrapPool(pool), d, n, 200, 256); err != nil {
 		return err
 	}
+	// Fresh statistics, as autovacuum would have them on a live outbox.
+	if _, err := pool.Exec(ctx, "ANALYZE "+d.OutboxTable()); err != nil {
+		return err
+	}
 	rate, err := drainLimit(ctx, pool, d)
 	if err != nil {
 		return err
@@ -192,6 +196,11 @@ func runForwardNoop(ctx context.Context, o options) error {
 	db := pgxv5.WrapPool(pool)
 	if err := prefill(ctx, db, d, n, 200, 256); err != nil {
 		return err
+	}
+	if env("ANALYZE", "") != "" {
+		if _, err := pool.Exec(ctx, "ANALYZE "+d.OutboxTable()); err != nil {
+			return err
+		}
 	}
 	dest := newCounting(n)
 	per, err := millboxForward(ctx, forwarder.Config{DB: db, Dialect: d, Publisher: dest}, dest.all)

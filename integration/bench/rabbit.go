@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	amqp3 "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/integration/testenv"
@@ -40,7 +41,11 @@ func runRabbit(ctx context.Context, o options) error {
 		return err
 	}
 	defer pub.Close()
-	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Publisher: pub, BatchSize: o.batch, Concurrency: o.concurrency})
+	f, err := forwarder.New(forwarder.Config{
+		DB: db, Dialect: d, Publisher: pub, BatchSize: o.batch, Concurrency: o.concurrency,
+		// The rows' topic is "bench"; route them to this run's queue.
+		Topic: func(string, *message.Message) (string, error) { return queue, nil },
+	})
 	if err != nil {
 		return err
 	}

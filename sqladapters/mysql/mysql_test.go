@@ -149,7 +149,7 @@ func allQueries(d *Dialect) map[string]sqladapters.Query {
 		"RecordMigration":    d.RecordMigration(1, "x"),
 		"InsertOutbox":       d.InsertOutbox(msgs)[0],
 		"SelectPending":      d.SelectPending(sqladapters.PendingQuery{Limit: 10}),
-		"SelectPendingOwned": d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Exclude: []int64{7, 9}, Limit: 10}),
+		"SelectPendingOwned": d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Limit: 10}),
 		"SelectPendingNone":  d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 10}),
 		"CompleteDelete":     d.CompleteForwarded([]int64{1, 2}, false),
 		"CompleteKeep":       d.CompleteForwarded([]int64{1, 2}, true),
@@ -216,8 +216,8 @@ func TestMySQLSelectPending(t *testing.T) {
 	if strings.Contains(all.SQL, "key_hash %") || len(all.Args) != 1 || all.Args[0] != 5 {
 		t.Fatalf("no-partition query: %s %v", all.SQL, all.Args)
 	}
-	q := d.SelectPending(sqladapters.PendingQuery{Partitions: 16, Owned: []int{2, 5}, Exclude: []int64{10, 11}, Limit: 7})
-	for _, want := range []string{"o.key_hash % 16 IN (2,5)", "o.id NOT IN (10,11)", "ORDER BY o.id LIMIT ?", "p.id < o.id", "p.attempts > 0", "p.next_attempt_at > UTC_TIMESTAMP(6)"} {
+	q := d.SelectPending(sqladapters.PendingQuery{Partitions: 16, Owned: []int{2, 5}, Limit: 7})
+	for _, want := range []string{"o.key_hash % 16 IN (2,5)", "ORDER BY o.id LIMIT ?", "p.id < o.id", "p.attempts > 0", "p.next_attempt_at > UTC_TIMESTAMP(6)"} {
 		if !strings.Contains(q.SQL, want) {
 			t.Fatalf("missing %q in\n%s", want, q.SQL)
 		}
