@@ -34,7 +34,7 @@ var (
 	// larger than MaxPayloadBytes.
 	ErrInvalidMessage = errors.New("millbox: invalid message")
 	// ErrInvalidConfig is returned by constructors for a bad config.
-	ErrInvalidConfig = errors.New("millbox: invalid config")
+	ErrInvalidConfig = sqladapters.ErrInvalidConfig
 	// ErrClosed is returned by a closed publisher or forwarder.
 	ErrClosed = errors.New("millbox: closed")
 )

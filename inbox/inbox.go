@@ -18,7 +18,7 @@ const MaxKeyBytes = 1024
 var (
 	// ErrInvalidConfig is returned by constructors for a bad config. The
 	// error names the field and the rule.
-	ErrInvalidConfig = errors.New("millbox: invalid config")
+	ErrInvalidConfig = sqladapters.ErrInvalidConfig
 	// ErrInvalidKey is returned by Record for a consumer name or message id
 	// the inbox cannot store faithfully: empty, longer than MaxKeyBytes,
 	// not valid UTF-8, or containing a NUL byte.

@@ -23,7 +23,7 @@ const DefaultCommitTimeout = 30 * time.Second
 var (
 	// ErrInvalidConfig is returned by NewInbox for a bad config. The error
 	// names the field and the rule.
-	ErrInvalidConfig = errors.New("millbox: invalid config")
+	ErrInvalidConfig = sqladapters.ErrInvalidConfig
 	// ErrNoMessageID is returned by the inbox middleware for a message
 	// whose id cannot be determined (MessageID failed or returned an
 	// invalid id). The handler does not run. Redelivery cannot fix it, so

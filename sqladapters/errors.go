@@ -29,6 +29,11 @@ var (
 	// ErrInvalidName is returned for a schema or table name that is not a
 	// plain SQL identifier.
 	ErrInvalidName = errors.New("millbox: invalid identifier")
+
+	// ErrInvalidConfig is returned by every millbox constructor for a bad
+	// config; the error names the field and the rule. The packages
+	// forwarder, inbox and middleware re-export it.
+	ErrInvalidConfig = errors.New("millbox: invalid config")
 )
 
 // MissingTableError reports a millbox table that does not exist and says
