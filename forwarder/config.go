@@ -15,6 +15,7 @@ import (
 const (
 	DefaultBatchSize     = 2000
 	DefaultConcurrency   = 256
+	DefaultPublishBatch  = 100
 	DefaultPollInterval  = time.Second
 	DefaultPartitions    = 16
 	DefaultLeaseTTL      = 15 * time.Second
@@ -50,6 +51,13 @@ type Config struct {
 	// order; different keys flow in parallel. Defaults to
 	// DefaultConcurrency.
 	Concurrency int
+	// PublishBatch is the most messages of one key handed to the
+	// destination in one Publish call (consecutive messages for one
+	// topic). Watermill's Kafka and AMQP publishers send them one by one
+	// anyway; a batching publisher (forwarder/kafkabatch) sends them in
+	// one round trip. 1 publishes every message on its own. Defaults to
+	// DefaultPublishBatch.
+	PublishBatch int
 	// PollInterval is how often an idle forwarder looks for rows when no
 	// notification arrives. Defaults to DefaultPollInterval.
 	PollInterval time.Duration
@@ -113,6 +121,9 @@ func (c *Config) setDefaults() {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
+	if c.PublishBatch == 0 {
+		c.PublishBatch = DefaultPublishBatch
+	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
 	}
@@ -165,6 +176,8 @@ func (c Config) Validate() error {
 		return bad("Config.BatchSize must be between 1 and 50000, got %d", c.BatchSize)
 	case c.Concurrency < 1 || c.Concurrency > 4096:
 		return bad("Config.Concurrency must be between 1 and 4096, got %d", c.Concurrency)
+	case c.PublishBatch < 1 || c.PublishBatch > 10000:
+		return bad("Config.PublishBatch must be between 1 and 10000, got %d", c.PublishBatch)
 	case c.PollInterval < time.Millisecond:
 		return bad("Config.PollInterval must be at least 1ms, got %v", c.PollInterval)
 	case c.Partitions < 1 || c.Partitions > 4096:

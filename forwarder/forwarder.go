@@ -514,25 +514,57 @@ type groupResult struct {
 	held    string // the key, when rows of it were left pending
 }
 
-// publishGroup publishes the rows of one key in order. After a failure the
-// rest of the group stays pending: it waits for the failed row's retry.
+// publishGroup publishes the rows of one key in order. Consecutive rows
+// bound for one topic go to the destination in one Publish call of up to
+// PublishBatch messages (a batching publisher sends them in one round
+// trip). When such a call fails, its rows are tried one by one, so the
+// failure is recorded on the row that caused it. After a failure the rest
+// of the group stays pending: it waits for the failed row's retry.
 func (f *Forwarder) publishGroup(ctx context.Context, rows []sqladapters.OutboxRow) groupResult {
 	var res groupResult
+	stop := func(i int, fl *failed) groupResult {
+		res.failed = fl
+		res.skipped += len(rows) - i
+		if fl != nil {
+			res.skipped--
+		}
+		res.held = rows[i].Key
+		return res
+	}
+	msgs := make([]outgoing, len(rows))
 	for i, r := range rows {
+		msgs[i] = f.prepare(r)
+	}
+	for i := 0; i < len(rows); {
 		// Once stopping or out of lease, leave the rest for later (or
 		// for the next owner).
 		if ctx.Err() != nil || !f.leaseValid() {
-			res.skipped += len(rows) - i
-			res.held = r.Key
-			return res
+			return stop(i, nil)
 		}
-		if err := f.publishRow(r); err != nil {
-			res.failed = &failed{row: r, err: err}
-			res.skipped += len(rows) - i - 1
-			res.held = r.Key
-			return res
+		if msgs[i].err != nil {
+			return stop(i, &failed{row: rows[i], err: msgs[i].err})
 		}
-		res.done = append(res.done, r.ID)
+		j := i + 1
+		for j < len(rows) && j-i < f.cfg.PublishBatch && msgs[j].err == nil && msgs[j].topic == msgs[i].topic {
+			j++
+		}
+		if err := f.publish(msgs[i:j]); err != nil {
+			if j-i == 1 {
+				return stop(i, &failed{row: rows[i], err: err})
+			}
+			for k := i; k < j; k++ {
+				if err := f.publish(msgs[k : k+1]); err != nil {
+					return stop(k, &failed{row: rows[k], err: err})
+				}
+				res.done = append(res.done, rows[k].ID)
+			}
+			i = j
+			continue
+		}
+		for k := i; k < j; k++ {
+			res.done = append(res.done, rows[k].ID)
+		}
+		i = j
 	}
 	return res
 }
@@ -544,28 +576,52 @@ type permanentError struct{ err error }
 func (e permanentError) Error() string { return e.err.Error() }
 func (e permanentError) Unwrap() error { return e.err }
 
-func (f *Forwarder) publishRow(r sqladapters.OutboxRow) (err error) {
-	msg := message.NewMessage(r.UUID, r.Payload)
+// outgoing is a row turned into the message the destination receives.
+type outgoing struct {
+	topic string
+	msg   *message.Message
+	err   error
+}
+
+func (f *Forwarder) prepare(r sqladapters.OutboxRow) (o outgoing) {
+	o.msg = message.NewMessage(r.UUID, r.Payload)
 	if len(r.Metadata) > 0 {
-		if err := json.Unmarshal(r.Metadata, &msg.Metadata); err != nil {
-			return permanentError{fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err)}
+		if err := json.Unmarshal(r.Metadata, &o.msg.Metadata); err != nil {
+			o.err = permanentError{fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err)}
+			return o
 		}
 	}
-	topic := r.Topic
+	o.topic = r.Topic
+	if f.cfg.Topic != nil {
+		defer func() {
+			if p := recover(); p != nil {
+				o.err = fmt.Errorf("topic mapping panicked: %v", p)
+			}
+		}()
+		topic, err := f.cfg.Topic(r.Topic, o.msg)
+		switch {
+		case err != nil:
+			o.err = fmt.Errorf("topic mapping: %w", err)
+		case topic == "":
+			o.err = fmt.Errorf("topic mapping returned an empty topic for %q", r.Topic)
+		}
+		o.topic = topic
+	}
+	return o
+}
+
+// publish hands messages bound for one topic to the destination.
+func (f *Forwarder) publish(out []outgoing) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("destination publisher panicked: %v", p)
 		}
 	}()
-	if f.cfg.Topic != nil {
-		if topic, err = f.cfg.Topic(r.Topic, msg); err != nil {
-			return fmt.Errorf("topic mapping: %w", err)
-		}
-		if topic == "" {
-			return fmt.Errorf("topic mapping returned an empty topic for %q", r.Topic)
-		}
+	msgs := make([]*message.Message, len(out))
+	for i, o := range out {
+		msgs[i] = o.msg
 	}
-	return f.cfg.Publisher.Publish(topic, msg)
+	return f.cfg.Publisher.Publish(out[0].topic, msgs...)
 }
 
 func (f *Forwarder) recordFailure(ctx context.Context, fl failed) (dead bool, err error) {

@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/kafkabatch"
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
@@ -77,36 +78,59 @@ func pgxSource(db sqladapters.DB) conformance.TxSource {
 }
 
 // TestForwarderKafkaThreeInstances: 3 forwarders, 200 keys, 50,000
-// messages from concurrent transactions, into a Kafka consumer group.
+// messages from concurrent transactions, into a Kafka consumer group; with
+// watermill-kafka's publisher and with the batching kafkabatch publisher.
 func TestForwarderKafkaThreeInstances(t *testing.T) {
-	pool := testenv.Postgres(t)
-	db := pgxv5.WrapPool(pool)
-	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
-	k := testenv.StartKafka(t, "orders")
-	rec := consumeGroup(t, k.Addrs(), "orders")
+	for _, tc := range []struct {
+		name string
+		pub  func(t *testing.T, k *testenv.Kafka) message.Publisher
+	}{
+		{"watermill-kafka", func(t *testing.T, k *testenv.Kafka) message.Publisher { return k.KeyedPublisher(t) }},
+		{"kafkabatch", batchPublisher},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := testenv.Postgres(t)
+			db := pgxv5.WrapPool(pool)
+			d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
+			k := testenv.StartKafka(t, "orders")
+			rec := consumeGroup(t, k.Addrs(), "orders")
 
-	var fs []*forwarder.Forwarder
-	for range 3 {
-		fs = append(fs, conformance.StartForwarder(t, forwarder.Config{
-			DB: db, Dialect: d, Publisher: k.KeyedPublisher(t),
-			LeaseTTL: 3 * time.Second, Partitions: 12,
-		}))
-	}
-	conformance.WaitSpread(t, fs, 12)
+			var fs []*forwarder.Forwarder
+			for range 3 {
+				fs = append(fs, conformance.StartForwarder(t, forwarder.Config{
+					DB: db, Dialect: d, Publisher: tc.pub(t, k),
+					LeaseTTL: 3 * time.Second, Partitions: 12,
+				}))
+			}
+			conformance.WaitSpread(t, fs, 12)
 
-	const keys, perKey = 200, 250
-	conformance.WriteKeyed(t, context.Background(), pgxSource(db), d, "orders", keys, perKey, 10, 8)
-	rec.WaitFor(t, keys*perKey, 3*time.Minute)
-	conformance.CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
-	time.Sleep(500 * time.Millisecond)
-	if got := len(rec.Messages()); got != keys*perKey {
-		t.Fatalf("%d deliveries of %d messages: a clean run must not duplicate", got, keys*perKey)
+			const keys, perKey = 200, 250
+			conformance.WriteKeyed(t, context.Background(), pgxSource(db), d, "orders", keys, perKey, 10, 8)
+			rec.WaitFor(t, keys*perKey, 3*time.Minute)
+			conformance.CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+			time.Sleep(500 * time.Millisecond)
+			if got := len(rec.Messages()); got != keys*perKey {
+				t.Fatalf("%d deliveries of %d messages: a clean run must not duplicate", got, keys*perKey)
+			}
+			for _, f := range fs {
+				if len(f.Partitions()) == 0 {
+					t.Fatalf("an instance ended with no partitions")
+				}
+			}
+		})
 	}
-	for _, f := range fs {
-		if len(f.Partitions()) == 0 {
-			t.Fatalf("an instance ended with no partitions")
-		}
+}
+
+// batchPublisher is a kafkabatch publisher to k, closed after the test.
+func batchPublisher(t *testing.T, k *testenv.Kafka) message.Publisher {
+	cfg := testenv.KafkaSaramaConfig()
+	cfg.Net.MaxOpenRequests = 1
+	p, err := kafkabatch.NewPublisher(kafkabatch.Config{Brokers: k.Addrs(), Sarama: cfg})
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 // TestForwarderKafkaOutage stops the broker for 10 s while messages keep
@@ -167,8 +191,10 @@ func TestForwarderKafkaPoisonMessage(t *testing.T) {
 	db := pgxv5.WrapPool(pool)
 	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
 	k := testenv.StartKafka(t, "poison")
+	// The batching publisher sends the poison message in one batch with
+	// others of its key; the forwarder must still blame the right row.
 	conformance.StartForwarder(t, forwarder.Config{
-		DB: db, Dialect: d, Publisher: k.KeyedPublisher(t),
+		DB: db, Dialect: d, Publisher: batchPublisher(t, k),
 		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 3,
 	})
 	ctx := context.Background()
@@ -178,7 +204,8 @@ func TestForwarderKafkaPoisonMessage(t *testing.T) {
 	}
 	pub, _ := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
 	big := message.NewMessage(watermill.NewUUID(), make([]byte, 3<<20)) // over Kafka's 1 MiB default
-	big.Metadata.Set(forwarder.DefaultKeyMetadataField, "poison-key")
+	big.Metadata.Set(forwarder.DefaultKeyMetadataField, "key-3")
+	big.Metadata.Set("seq", "-1")
 	if err := pub.Publish("poison", big); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
@@ -96,7 +97,22 @@ func runDrainLimit(ctx context.Context, o options) error {
 		return err
 	}
 	fmt.Printf("drained %d rows with DELETE ... RETURNING over 1,000-row SKIP LOCKED claims: %.0f rows/s\n", n, rate)
-	summary("drain_limit_msgs_per_s", int(rate))
+	// The same rows through millbox to Kafka, in the same run.
+	k, err := testenv.NewKafka(testenv.KafkaConfig{})
+	if err != nil {
+		return err
+	}
+	defer k.Stop()
+	mill, err := millboxToKafka(ctx, o, k, n, false)
+	if err != nil {
+		return err
+	}
+	batch, err := millboxToKafka(ctx, o, k, n, true)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("millbox to Kafka: %.0f msg/s with watermill-kafka's publisher, %.0f msg/s with kafkabatch\n", mill, batch)
+	summary("drain_limit_msgs_per_s", int(rate), "efficiency", mill/rate, "efficiency_batch", batch/rate)
 	return nil
 }
 
