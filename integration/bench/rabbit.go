@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	register("rabbit", "drain N prefilled messages (200 keys, 256 B) to RabbitMQ, publisher confirms on, channel pool 64", runRabbit)
+	register("rabbit", "drain N prefilled messages (200 keys, 256 B) to RabbitMQ, publisher confirms on, channel pool 64 (-channels)", runRabbit)
 }
 
 func runRabbit(ctx context.Context, o options) error {
@@ -36,7 +36,9 @@ func runRabbit(ctx context.Context, o options) error {
 		col.Close()
 		_ = testenv.DeleteAMQPQueues(o.amqpURL, queue)
 	}()
-	pub, err := amqp3.NewPublisher(testenv.AMQPConfig(o.amqpURL), watermill.NopLogger{})
+	cfg := testenv.AMQPConfig(o.amqpURL)
+	cfg.Publish.ChannelPoolSize = orDefault(o.channels, testenv.DefaultAMQPChannelPool)
+	pub, err := amqp3.NewPublisher(cfg, watermill.NopLogger{})
 	if err != nil {
 		return err
 	}
@@ -63,7 +65,7 @@ func runRabbit(ctx context.Context, o options) error {
 	}
 	rate := float64(n) / elapsed.Seconds()
 	fmt.Printf("drained %d messages from %s to RabbitMQ (watermill-amqp v3, confirms, %d channels) in %v\n",
-		n, o.db, testenv.DefaultAMQPChannelPool, elapsed.Round(time.Millisecond))
+		n, o.db, cfg.Publish.ChannelPoolSize, elapsed.Round(time.Millisecond))
 	summary("rabbit_msgs_per_s", int(rate))
 	return nil
 }
