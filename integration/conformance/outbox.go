@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
@@ -240,6 +241,44 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 		rows := ReadPending(t, ctx, env.DB, d)
 		if len(rows) != 1 || rows[0].UUID != m.UUID {
 			t.Fatalf("rows %+v", rows)
+		}
+	})
+
+	t.Run("CQRSEventBus", func(t *testing.T) {
+		d := env.NewDialect(t)
+		outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bus, err := cqrs.NewEventBusWithConfig(outbox, cqrs.EventBusConfig{
+			GeneratePublishTopic: func(p cqrs.GenerateEventPublishTopicParams) (string, error) { return "events." + p.EventName, nil },
+			Marshaler:            cqrs.JSONMarshaler{},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type OrderPlaced struct{ ID string }
+		// Rolled back: the event is gone with the transaction.
+		tx := src.Begin(t, ctx)
+		if err := bus.Publish(sqladapters.WithTx(ctx, tx), &OrderPlaced{ID: "rolled-back"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Committed: exactly one row, on the bus's topic, with the event.
+		tx = src.Begin(t, ctx)
+		if err := bus.Publish(sqladapters.WithTx(ctx, tx), &OrderPlaced{ID: "o-1"}); err != nil {
+			t.Fatal(err)
+		}
+		commit(t, ctx, tx)
+		rows := ReadPending(t, ctx, env.DB, d)
+		if len(rows) != 1 || rows[0].Topic != "events.conformance.OrderPlaced" || !bytes.Contains(rows[0].Payload, []byte(`"o-1"`)) {
+			t.Fatalf("rows %+v", rows)
+		}
+		// Without a transaction in the context the bus fails; nothing is written.
+		if err := bus.Publish(ctx, &OrderPlaced{ID: "no-tx"}); !errors.Is(err, forwarder.ErrNoTx) {
+			t.Fatalf("want ErrNoTx, got %v", err)
 		}
 	})
 
