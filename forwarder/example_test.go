@@ -1,0 +1,171 @@
+package forwarder_test
+
+import (
+	"context"
+	"log"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/pgxv5"
+	"github.com/millbox/millbox/sqladapters/postgres"
+)
+
+// Write an order and its event in one pgx transaction: both commit or
+// neither does.
+func ExampleNewPublisher() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	dialect, err := postgres.New(postgres.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx) // does nothing after Commit
+	if _, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, "order-1"); err != nil {
+		log.Fatal(err)
+	}
+	pub, err := forwarder.NewPublisher(pgxv5.WrapTx(tx), forwarder.PublisherConfig{Dialect: dialect})
+	if err != nil {
+		log.Fatal(err)
+	}
+	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"id":"order-1"}`))
+	msg.Metadata.Set(forwarder.DefaultKeyMetadataField, "customer-7") // ordering key
+	if err := pub.Publish("orders", msg); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// One long-lived publisher for the whole application (for example behind a
+// cqrs.EventBus): each message carries its transaction in its context.
+func ExampleNewContextPublisher() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	dialect, err := postgres.New(postgres.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: dialect})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"id":"order-1"}`))
+	msg.SetContext(sqladapters.WithTx(ctx, pgxv5.WrapTx(tx)))
+	if err := outbox.Publish("orders", msg); err != nil {
+		log.Fatal(err) // without a transaction in the context: forwarder.ErrNoTx
+	}
+	if err := tx.Commit(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Forward the outbox to any Watermill publisher: Kafka, RabbitMQ, or here
+// an in-memory GoChannel.
+func ExampleNew() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	dialect, err := postgres.New(postgres.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	db := pgxv5.WrapPool(pool) // also wakes the forwarder on LISTEN/NOTIFY
+	if err := sqladapters.Migrate(ctx, db, dialect); err != nil {
+		log.Fatal(err)
+	}
+	destination := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+
+	fw, err := forwarder.New(forwarder.Config{
+		DB:        db,
+		Dialect:   dialect,
+		Publisher: destination,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fw.Run(ctx) }()
+	select {
+	case <-fw.Running():
+	case err := <-done:
+		log.Fatal(err) // unreachable database, missing tables, ...
+	}
+
+	// ... the application runs ...
+
+	if err := fw.Close(); err != nil { // graceful: in-flight rows finish
+		log.Print(err)
+	}
+	if err := <-done; err != nil {
+		log.Print(err)
+	}
+}
+
+// Inspect the rows that exhausted their attempts, then send them again.
+func ExampleDeadLetters() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	dialect, err := postgres.New(postgres.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	db := pgxv5.WrapPool(pool)
+
+	var ids []int64
+	for after := int64(0); ; {
+		page, err := forwarder.DeadLetters(ctx, db, dialect, after, 100)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, d := range page {
+			log.Printf("dead: %s to %s after %d attempts: %s", d.UUID, d.Topic, d.Attempts, d.LastError)
+			ids = append(ids, d.ID)
+		}
+		after = page[len(page)-1].ID
+	}
+	if len(ids) == 0 {
+		return
+	}
+	n, err := forwarder.RequeueDeadLetters(ctx, db, dialect, ids...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("requeued %d rows", n)
+}
