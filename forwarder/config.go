@@ -102,7 +102,9 @@ type Config struct {
 // safe for concurrent use.
 type Hooks struct {
 	// OnBatch is called after each round with the rows read, published,
-	// failed and dead-lettered, and the round's duration.
+	// failed and dead-lettered, and the round's duration. Published rows
+	// are deleted in the background: right after OnBatch they may still be
+	// in the table (OutboxBacklog counts them as pending).
 	OnBatch func(BatchStats)
 	// OnFailure is called for every failed attempt.
 	OnFailure func(f sqladapters.Failure, row sqladapters.OutboxRow)

@@ -40,6 +40,35 @@ func DeadLetters(ctx context.Context, db sqladapters.Executor, d sqladapters.Dia
 	return out, nil
 }
 
+// Backlog is the size of an outbox.
+type Backlog struct {
+	// Pending rows wait to be published, including rows waiting for a
+	// retry after a failure.
+	Pending int64
+	// Dead rows exhausted their attempts (see DeadLetters).
+	Dead int64
+}
+
+// OutboxBacklog counts the pending and dead rows of the outbox, for
+// metrics and for waiting until an outbox drained.
+func OutboxBacklog(ctx context.Context, db sqladapters.Executor, d sqladapters.Dialect) (Backlog, error) {
+	var b Backlog
+	if db == nil || d == nil {
+		return b, errors.New("millbox: OutboxBacklog needs a database and a dialect")
+	}
+	rows, err := d.CountOutbox().Query(ctx, db)
+	if err != nil {
+		return b, fmt.Errorf("millbox: count outbox: %w", d.ClassifyError(err))
+	}
+	defer rows.Close()
+	if rows.Next() {
+		if err := rows.Scan(&b.Pending, &b.Dead); err != nil {
+			return b, fmt.Errorf("millbox: count outbox: %w", err)
+		}
+	}
+	return b, rows.Err()
+}
+
 // RequeueDeadLetters makes the given dead rows pending again with zero
 // attempts (their last error is kept until they are published). With no
 // ids it requeues every dead row. It returns the number of rows requeued.

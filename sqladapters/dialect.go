@@ -152,6 +152,9 @@ type ForwarderDialect interface {
 	// key, attempts, last_error, created_at, dead_at of dead rows with
 	// id > afterID, in id order.
 	ListDeadLetters(afterID int64, limit int) Query
+	// CountOutbox selects two int columns: the number of pending rows
+	// (including rows waiting for a retry) and of dead rows.
+	CountOutbox() Query
 	// RequeueDeadLetters makes dead rows pending again with zero attempts.
 	// ids == nil requeues every dead row.
 	RequeueDeadLetters(ids []int64) Query

@@ -343,6 +343,7 @@ func Forwarder(t *testing.T, env Env) {
 		if len(dead) != 1 || dead[0].UUID != poison || dead[0].Attempts != 3 || dead[0].LastError == "" {
 			t.Fatalf("dead letters %+v", dead)
 		}
+		waitBacklog(t, ctx, env, d, forwarder.Backlog{Pending: 0, Dead: 1})
 		// Requeued and accepted this time, it is delivered.
 		rec.SetReject(nil)
 		if n, err := forwarder.RequeueDeadLetters(ctx, env.DB, d, dead[0].ID); err != nil || n != 1 {
@@ -350,7 +351,7 @@ func Forwarder(t *testing.T, env Env) {
 		}
 		rec.WaitFor(t, total, 20*time.Second)
 		_ = f
-		waitEmpty(t, ctx, env, d)
+		waitBacklog(t, ctx, env, d, forwarder.Backlog{})
 	})
 
 	t.Run("KeepForwardedRows", func(t *testing.T) {
@@ -480,6 +481,25 @@ func WaitSpread(t testing.TB, fs []*forwarder.Forwarder, partitions int) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("partitions did not spread over %d instances", len(fs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitBacklog waits until OutboxBacklog reports want.
+func waitBacklog(t testing.TB, ctx context.Context, env Env, d sqladapters.Dialect, want forwarder.Backlog) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := forwarder.OutboxBacklog(ctx, env.DB, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backlog %+v, want %+v", got, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -217,3 +217,10 @@ func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapte
 		Args: []any{fitKey(instance, maxOwnerBytes)},
 	}
 }
+
+// CountOutbox counts pending and dead rows.
+func (d *Dialect) CountOutbox() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT
+	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + statePending + `),
+	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + stateDead + `)`}
+}

@@ -146,3 +146,10 @@ func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapte
 		Args: []any{instance, intArray(partitions)},
 	}
 }
+
+// CountOutbox counts pending and dead rows.
+func (d *Dialect) CountOutbox() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT
+	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
+	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL)`}
+}

@@ -217,3 +217,9 @@ func idList[T int | int64](ids []T) string {
 
 // Options returns the options the dialect was built with, defaults applied.
 func (d *Dialect) Options() Options { return d.opts }
+
+// Tables returns the quoted names of every table the migrations create, for
+// tools that clean up or inspect them.
+func (d *Dialect) Tables() []string {
+	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate}
+}
