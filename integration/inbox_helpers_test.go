@@ -98,15 +98,6 @@ func (f *inboxFixture) exec(q string, args ...any) {
 	}
 }
 
-func (f *inboxFixture) queryInt(q string, args ...any) int {
-	f.t.Helper()
-	var n int
-	if err := f.pool.QueryRow(f.ctx, q, args...).Scan(&n); err != nil {
-		f.t.Fatalf("%s: %v", q, err)
-	}
-	return n
-}
-
 // applyEffect is the business write of a handler: it counts one more
 // application of key in the transaction the inbox middleware put into ctx.
 // A message handled twice would leave n = 2.

@@ -17,7 +17,6 @@ import (
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
-	"github.com/millbox/millbox/sqladapters/postgres"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
@@ -66,74 +65,6 @@ func TestInboxMiddleware(t *testing.T) {
 	t.Parallel()
 
 	for _, driver := range inboxDrivers {
-		t.Run("DeliveredThreeTimes/"+driver, func(t *testing.T) {
-			t.Parallel()
-			f := newInboxFixtureFor(t, driver)
-			gc := newInboxGoChannel(t)
-			msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
-			publishCopies(t, gc, "orders", msg, 3)
-			startInboxRouter(t, func(r *message.Router) {
-				r.AddMiddleware(f.middleware("billing"))
-				r.AddConsumerHandler("apply", "orders", gc, f.effectHandler)
-			})
-			f.waitDeliveries(3)
-			if h, d := f.handled.Load(), f.dups.Load(); h != 1 || d != 2 {
-				t.Fatalf("handled %d, duplicates %d; want 1 and 2", h, d)
-			}
-			if n := f.effect(msg.UUID); n != 1 {
-				t.Fatalf("effect applied %d times", n)
-			}
-			// The consumer is scoped to the router handler.
-			if rows := f.inboxRows(); len(rows) != 1 || rows[0] != "billing/apply|"+msg.UUID {
-				t.Fatalf("inbox rows %v", rows)
-			}
-		})
-
-		t.Run("FailedAttemptLeavesNothing/"+driver, func(t *testing.T) {
-			t.Parallel()
-			f := newInboxFixtureFor(t, driver)
-			gc := newInboxGoChannel(t)
-			fl := newFailer()
-			var leftovers atomic.Int64
-			leftovers.Store(-1)
-			handler := func(msg *message.Message) error {
-				n := fl.next(msg.UUID)
-				if n == 2 {
-					// What the failed first attempt left committed.
-					var c int64
-					err := f.pool.QueryRow(f.ctx, `SELECT (SELECT count(*) FROM `+f.table("effects")+`) + (SELECT count(*) FROM `+f.d.InboxTable()+`)`).Scan(&c)
-					if err != nil {
-						return err
-					}
-					leftovers.Store(c)
-				}
-				if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
-					return err
-				}
-				if n == 1 {
-					return errInjected
-				}
-				markHandled(msg)
-				return nil
-			}
-			msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
-			publishCopies(t, gc, "orders", msg, 1)
-			startInboxRouter(t, func(r *message.Router) {
-				r.AddMiddleware(f.middleware("billing"))
-				r.AddConsumerHandler("apply", "orders", gc, handler)
-			})
-			f.waitDeliveries(1)
-			if got := leftovers.Load(); got != 0 {
-				t.Fatalf("the failed attempt left %d rows (business + inbox)", got)
-			}
-			if n := f.effect(msg.UUID); n != 1 || fl.count(msg.UUID) != 2 {
-				t.Fatalf("effect %d after %d attempts; want 1 after 2", n, fl.count(msg.UUID))
-			}
-			if rows := f.inboxRows(); len(rows) != 1 {
-				t.Fatalf("inbox rows %v", rows)
-			}
-		})
-
 		t.Run("PanicRollsBackAndPanicsAgain/"+driver, func(t *testing.T) {
 			t.Parallel()
 			f := newInboxFixtureFor(t, driver)
@@ -344,96 +275,6 @@ func TestInboxMiddleware(t *testing.T) {
 		}
 	})
 
-	t.Run("MissingInboxTable", func(t *testing.T) {
-		t.Parallel()
-		f := newInboxFixture(t)
-		f.d = postgres.MustNew(postgres.Options{Schema: f.d.Schema(), InboxTable: "no_such_inbox"})
-		var ran bool
-		_, err := f.middleware("billing")(func(*message.Message) ([]*message.Message, error) {
-			ran = true
-			return nil, nil
-		})(message.NewMessage(watermill.NewUUID(), nil))
-		if !errors.Is(err, sqladapters.ErrMissingTable) || !strings.Contains(err.Error(), "sqladapters.Migrate") {
-			t.Fatalf("want ErrMissingTable saying how to migrate, got %v", err)
-		}
-		if ran {
-			t.Fatal("handler ran without an inbox table")
-		}
-	})
-
-	for _, driver := range inboxDrivers {
-		t.Run("ConcurrentDuplicatesTwoRouters/"+driver, func(t *testing.T) {
-			t.Parallel()
-			f := newInboxFixtureFor(t, driver)
-			gc := newInboxGoChannel(t)
-			var failures atomic.Int64 // errors returned to either router
-			var overlaps atomic.Int64 // barrier messages whose twin waited on the inbox key
-			observe := func(h message.HandlerFunc) message.HandlerFunc {
-				return func(msg *message.Message) ([]*message.Message, error) {
-					out, err := h(msg)
-					if err != nil {
-						failures.Add(1)
-					}
-					return out, err
-				}
-			}
-			handler := func(msg *message.Message) error {
-				if msg.Metadata.Get("barrier") == "1" {
-					// Hold this delivery's transaction until the other router's
-					// delivery of the same message blocks on the inbox key.
-					deadline := time.Now().Add(inboxWaitTimeout)
-					for time.Now().Before(deadline) {
-						var n int
-						if err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
-							"INSERT INTO "+f.d.InboxTable()+"%").Scan(&n); err != nil {
-							return err
-						}
-						if n > 0 {
-							overlaps.Add(1)
-							break
-						}
-						time.Sleep(2 * time.Millisecond)
-					}
-				}
-				return f.effectHandler(msg)
-			}
-			for range 2 {
-				startInboxRouter(t, func(r *message.Router) {
-					r.AddMiddleware(observe, f.middleware("billing"))
-					r.AddConsumerHandler("apply", "orders", gc, handler)
-				})
-			}
-			// GoChannel gives every subscriber every message: both routers get
-			// each one at the same time.
-			barrier := message.NewMessage(watermill.NewUUID(), nil)
-			barrier.Metadata.Set("barrier", "1")
-			publishCopies(t, gc, "orders", barrier, 1)
-			f.waitDeliveries(2)
-			if overlaps.Load() != 1 {
-				t.Fatal("the two deliveries did not overlap")
-			}
-			const n = 50
-			for range n {
-				publishCopies(t, gc, "orders", message.NewMessage(watermill.NewUUID(), nil), 1)
-			}
-			f.waitDeliveries(2 * (n + 1))
-			if failures.Load() != 0 {
-				t.Fatalf("%d deliveries failed", failures.Load())
-			}
-			if h, d := f.handled.Load(), f.dups.Load(); h != n+1 || d != n+1 {
-				t.Fatalf("handled %d, duplicates %d; want %d each", h, d, n+1)
-			}
-			for id, c := range f.effects() {
-				if c != 1 {
-					t.Fatalf("effect of %s applied %d times", id, c)
-				}
-			}
-			if got := len(f.effects()); got != n+1 {
-				t.Fatalf("%d effects, want %d", got, n+1)
-			}
-		})
-	}
-
 	// The handler reaches the driver transaction with one call, and the
 	// other driver's accessor says what is wrong.
 	t.Run("HandlerGetsDriverTx", func(t *testing.T) {
@@ -456,34 +297,6 @@ func TestInboxMiddleware(t *testing.T) {
 			if right != nil || !errors.Is(wrong, sqladapters.ErrWrongTxType) {
 				t.Fatalf("%s: own accessor %v, other accessor %v (want ErrWrongTxType)", driver, right, wrong)
 			}
-		}
-	})
-
-	t.Run("Config", func(t *testing.T) {
-		t.Parallel()
-		f := newInboxFixture(t)
-		valid := middleware.InboxConfig{DB: f.db, Dialect: f.d, Consumer: "billing"}
-		for _, c := range []struct {
-			name  string
-			edit  func(*middleware.InboxConfig)
-			field string
-		}{
-			{"NilDB", func(c *middleware.InboxConfig) { c.DB = nil }, "DB"},
-			{"NilDialect", func(c *middleware.InboxConfig) { c.Dialect = nil }, "Dialect"},
-			{"EmptyConsumer", func(c *middleware.InboxConfig) { c.Consumer = "" }, "Consumer"},
-			{"InvalidConsumer", func(c *middleware.InboxConfig) { c.Consumer = "bill\xffing" }, "Consumer"},
-			{"ReadOnly", func(c *middleware.InboxConfig) { c.TxOptions.ReadOnly = true }, "TxOptions.ReadOnly"},
-			{"NegativeCommitTimeout", func(c *middleware.InboxConfig) { c.CommitTimeout = -time.Second }, "CommitTimeout"},
-		} {
-			cfg := valid
-			c.edit(&cfg)
-			_, err := middleware.NewInbox(cfg)
-			if !errors.Is(err, middleware.ErrInvalidConfig) || !strings.Contains(err.Error(), "InboxConfig."+c.field) {
-				t.Errorf("%s: want ErrInvalidConfig naming %s, got %v", c.name, c.field, err)
-			}
-		}
-		if _, err := middleware.NewInbox(valid); err != nil {
-			t.Fatalf("valid config rejected: %v", err)
 		}
 	})
 }

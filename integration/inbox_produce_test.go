@@ -2,12 +2,10 @@ package integration_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/cqrs"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -23,62 +21,6 @@ func newContextOutbox(t *testing.T, f *inboxFixture) *forwarder.Publisher {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// A handler under the inbox writes a row and publishes a follow-up event
-// through the long-lived outbox publisher: both commit with the inbox row,
-// or neither does.
-func TestInboxConsumeProcessProduce(t *testing.T) {
-	t.Parallel()
-	f := newInboxFixture(t)
-	outbox := newContextOutbox(t, f)
-	fl := newFailer()
-	h := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
-		attempt := fl.next(msg.UUID)
-		if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
-			return nil, err
-		}
-		ev := message.NewMessage("invoice-"+msg.UUID, []byte(`{"invoice":1}`))
-		ev.Metadata.Set(forwarder.DefaultKeyMetadataField, "customer-7")
-		ev.SetContext(msg.Context()) // carries the inbox transaction
-		if err := outbox.Publish("invoices", ev); err != nil {
-			return nil, err
-		}
-		if attempt == 1 {
-			return nil, errInjected
-		}
-		return nil, nil
-	})
-	msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
-
-	if _, err := h(msg.Copy()); !errors.Is(err, errInjected) {
-		t.Fatalf("first attempt: want the handler's error, got %v", err)
-	}
-	if n, pending := f.effect(msg.UUID), conformance.ReadPending(t, f.ctx, f.db, f.d); n != 0 || len(pending) != 0 {
-		t.Fatalf("failed attempt left effect %d and %d outbox rows", n, len(pending))
-	}
-
-	if _, err := h(msg.Copy()); err != nil {
-		t.Fatalf("redelivery: %v", err)
-	}
-	pending := conformance.ReadPending(t, f.ctx, f.db, f.d)
-	if len(pending) != 1 {
-		t.Fatalf("%d outbox rows after success, want 1", len(pending))
-	}
-	if r := pending[0]; r.Topic != "invoices" || r.UUID != "invoice-"+msg.UUID || string(r.Payload) != `{"invoice":1}` || r.Key != "customer-7" {
-		t.Fatalf("outbox row %+v", r)
-	}
-	if n := f.effect(msg.UUID); n != 1 {
-		t.Fatalf("effect %d", n)
-	}
-
-	// A duplicate neither runs the handler nor produces again.
-	if _, err := h(msg.Copy()); err != nil {
-		t.Fatal(err)
-	}
-	if n := len(conformance.ReadPending(t, f.ctx, f.db, f.d)); n != 1 || fl.count(msg.UUID) != 2 || f.dups.Load() != 1 {
-		t.Fatalf("after a duplicate: %d outbox rows, %d attempts, %d duplicates", n, fl.count(msg.UUID), f.dups.Load())
-	}
 }
 
 type inboxOrderPlaced struct {

@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"database/sql"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -35,7 +36,18 @@ func pgEnv(t *testing.T) conformance.Env {
 			return testenv.PostgresDialect(t, db, pool, postgres.Options{})
 		},
 		NewUnmigratedDialect: func(t *testing.T) sqladapters.Dialect {
-			return postgres.MustNew(postgres.Options{OutboxTable: testenv.UniqueName("missing_")})
+			return postgres.MustNew(postgres.Options{OutboxTable: testenv.UniqueName("missing_"), InboxTable: testenv.UniqueName("missing_inbox_")})
+		},
+		Placeholder: func(n int) string { return "$" + strconv.Itoa(n) },
+		InboxDBs: []conformance.DBSource{
+			{Name: "pgxpool", DB: db},
+			{Name: "database-sql-pgx-stdlib", DB: stdsql.WrapDB(stdPgx)},
+		},
+		InboxLockWaiters: func(ctx context.Context, d sqladapters.Dialect) (int, error) {
+			var n int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
+				"INSERT INTO "+d.InboxTable()+"%").Scan(&n)
+			return n, err
 		},
 		Sources: []conformance.TxSource{
 			{Name: "pgx.Conn", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
@@ -267,4 +279,8 @@ func (t *recordingTx) Exec(ctx context.Context, q string, args ...any) (int64, e
 
 func TestPostgresForwarderConformance(t *testing.T) {
 	conformance.Forwarder(t, pgEnv(t))
+}
+
+func TestPostgresInboxConformance(t *testing.T) {
+	conformance.Inbox(t, pgEnv(t))
 }

@@ -14,7 +14,6 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 
 	"github.com/millbox/millbox/forwarder"
-	"github.com/millbox/millbox/inbox"
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
@@ -51,7 +50,12 @@ func sqliteEnv(t *testing.T) conformance.Env {
 			return testenv.SQLiteDialect(t, wrapped, sqlite.Options{})
 		},
 		NewUnmigratedDialect: func(t *testing.T) sqladapters.Dialect {
-			return sqlite.MustNew(sqlite.Options{OutboxTable: testenv.UniqueName("missing_")})
+			return sqlite.MustNew(sqlite.Options{OutboxTable: testenv.UniqueName("missing_"), InboxTable: testenv.UniqueName("missing_inbox_")})
+		},
+		TimeArg: func(t time.Time) any { return t.UTC().Format(sqlite.TimeLayout) },
+		InboxDBs: []conformance.DBSource{
+			{Name: "database-sql-modernc", DB: wrapped},
+			{Name: "database-sql-modernc-deferred", DB: stdsql.WrapDB(deferred)},
 		},
 		Sources: []conformance.TxSource{
 			{Name: "database-sql-modernc", Begin: stdBegin(db)},
@@ -80,6 +84,10 @@ func TestSQLiteOutboxConformance(t *testing.T) {
 
 func TestSQLiteForwarderConformance(t *testing.T) {
 	conformance.Forwarder(t, sqliteEnv(t))
+}
+
+func TestSQLiteInboxConformance(t *testing.T) {
+	conformance.Inbox(t, sqliteEnv(t))
 }
 
 // liteFixture is one database file with a migrated dialect on it, opened
@@ -412,128 +420,33 @@ func TestSQLiteForwarderDialect(t *testing.T) {
 	})
 }
 
-func TestSQLiteInbox(t *testing.T) {
-	t.Run("FirstThenDuplicate", func(t *testing.T) {
-		f := newLiteFixture(t)
-		ib, _ := inbox.New(inbox.Config{Dialect: f.d})
-		for i, want := range []bool{true, false} {
-			tx, err := f.db.Begin(f.ctx, sql.TxOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			first, err := ib.Record(f.ctx, tx, "billing", "m1")
-			if err != nil || first != want {
-				t.Fatalf("record %d: first=%v err=%v, want %v", i, first, err, want)
-			}
-			if err := tx.Commit(f.ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-		tx, _ := f.db.Begin(f.ctx, sql.TxOptions{})
-		defer sqladapters.Rollback(tx)
-		if first, err := ib.Record(f.ctx, tx, "shipping", "m1"); err != nil || !first {
-			t.Fatalf("other consumer: first=%v err=%v", first, err)
-		}
-	})
-
-	// A duplicate delivery waits for the transaction holding the key and
-	// then sees its outcome, with either transaction mode.
-	for _, mode := range []string{"immediate", "deferred"} {
-		for _, outcome := range []string{"commit", "rollback"} {
-			t.Run("ConcurrentDuplicate-"+mode+"-"+outcome, func(t *testing.T) {
-				f := newLiteFixture(t)
-				ib, _ := inbox.New(inbox.Config{Dialect: f.d})
-				db := f.db
-				if mode == "deferred" {
-					db = stdsql.WrapDB(f.deferred)
-				}
-				tx1, err := db.Begin(f.ctx, sql.TxOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if first, err := ib.Record(f.ctx, tx1, "c", "m"); err != nil || !first {
-					t.Fatalf("tx1: first=%v err=%v", first, err)
-				}
-				type result struct {
-					first bool
-					err   error
-				}
-				done := make(chan result, 1)
-				go func() {
-					tx2, err := db.Begin(f.ctx, sql.TxOptions{})
-					if err != nil {
-						done <- result{err: err}
-						return
-					}
-					first, err := ib.Record(f.ctx, tx2, "c", "m")
-					if err == nil {
-						err = tx2.Commit(f.ctx)
-					} else {
-						sqladapters.Rollback(tx2)
-					}
-					done <- result{first, err}
-				}()
-				select {
-				case r := <-done:
-					t.Fatalf("second delivery did not wait: %+v", r)
-				case <-time.After(100 * time.Millisecond):
-				}
-				if outcome == "commit" {
-					err = tx1.Commit(f.ctx)
-				} else {
-					err = tx1.Rollback(f.ctx)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				r := <-done
-				if r.err != nil || r.first != (outcome == "rollback") {
-					t.Fatalf("after %s: first=%v err=%v", outcome, r.first, r.err)
-				}
-			})
-		}
+// TestSQLiteClassifyDriverErrors checks the mapping of SQLite's error
+// codes: primary-key and unique violations are duplicates, NULLs never
+// collide, and a missing table says how to migrate.
+func TestSQLiteClassifyDriverErrors(t *testing.T) {
+	f := newLiteFixture(t)
+	raw := sqladapters.Query{SQL: `INSERT INTO ` + f.d.InboxTable() + ` (consumer, message_id) VALUES ('c', 'm')`}
+	f.exec(raw)
+	_, err := raw.Exec(f.ctx, f.db)
+	if err == nil || !errors.Is(f.d.ClassifyError(err), sqladapters.ErrDuplicate) {
+		t.Fatalf("primary key violation: %v", err)
 	}
-
-	t.Run("DeleteBeforeInBatches", func(t *testing.T) {
-		f := newLiteFixture(t)
-		for i := range 5 {
-			f.exec(f.d.InsertInbox("c", fmt.Sprint("m", i)))
-		}
-		if n := f.exec(f.d.DeleteInboxBefore(time.Now().Add(-time.Minute), 10)); n != 0 {
-			t.Fatalf("deleted %d rows received later than the cutoff", n)
-		}
-		var got []int64
-		for range 4 {
-			got = append(got, f.exec(f.d.DeleteInboxBefore(time.Now().Add(time.Second), 2)))
-		}
-		wantIDs(t, "batches", got, []int64{2, 2, 1, 0})
-	})
-
-	t.Run("ClassifyDriverErrors", func(t *testing.T) {
-		f := newLiteFixture(t)
-		raw := sqladapters.Query{SQL: `INSERT INTO ` + f.d.InboxTable() + ` (consumer, message_id) VALUES ('c', 'm')`}
-		f.exec(raw)
-		_, err := raw.Exec(f.ctx, f.db)
-		if err == nil || !errors.Is(f.d.ClassifyError(err), sqladapters.ErrDuplicate) {
-			t.Fatalf("primary key violation: %v", err)
-		}
-		f.exec(sqladapters.Query{SQL: `CREATE TABLE u (x TEXT UNIQUE)`})
-		f.exec(sqladapters.Query{SQL: `INSERT INTO u VALUES ('a')`})
-		_, err = sqladapters.Query{SQL: `INSERT INTO u VALUES ('a')`}.Exec(f.ctx, f.db)
-		if err == nil || !errors.Is(f.d.ClassifyError(err), sqladapters.ErrDuplicate) {
-			t.Fatalf("unique violation: %v", err)
-		}
-		_, err = sqladapters.Query{SQL: `INSERT INTO u VALUES (NULL), (NULL)`}.Exec(f.ctx, f.db)
-		if err != nil {
-			t.Fatal(err)
-		}
-		missing := sqlite.MustNew(sqlite.Options{OutboxTable: testenv.UniqueName("nothere_")})
-		_, err = missing.RecordFailure(sqladapters.Failure{ID: 1}).Exec(f.ctx, f.db)
-		var mt *sqladapters.MissingTableError
-		if !errors.As(missing.ClassifyError(err), &mt) || !strings.Contains(mt.Error(), "sqladapters.Migrate") {
-			t.Fatalf("missing table: %v", err)
-		}
-	})
+	f.exec(sqladapters.Query{SQL: `CREATE TABLE u (x TEXT UNIQUE)`})
+	f.exec(sqladapters.Query{SQL: `INSERT INTO u VALUES ('a')`})
+	_, err = sqladapters.Query{SQL: `INSERT INTO u VALUES ('a')`}.Exec(f.ctx, f.db)
+	if err == nil || !errors.Is(f.d.ClassifyError(err), sqladapters.ErrDuplicate) {
+		t.Fatalf("unique violation: %v", err)
+	}
+	_, err = sqladapters.Query{SQL: `INSERT INTO u VALUES (NULL), (NULL)`}.Exec(f.ctx, f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := sqlite.MustNew(sqlite.Options{OutboxTable: testenv.UniqueName("nothere_")})
+	_, err = missing.RecordFailure(sqladapters.Failure{ID: 1}).Exec(f.ctx, f.db)
+	var mt *sqladapters.MissingTableError
+	if !errors.As(missing.ClassifyError(err), &mt) || !strings.Contains(mt.Error(), "sqladapters.Migrate") {
+		t.Fatalf("missing table: %v", err)
+	}
 }
 
 // liteV2 adds a second migration that fails if it runs twice.

@@ -2,26 +2,26 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
-	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
 func init() {
-	register("inbox", "consumer with the inbox middleware vs the same handler in its own tx (GoChannel, Postgres, pgx)", runInbox)
+	register("inbox", "consumer with the inbox middleware vs the same handler in its own tx (GoChannel; -db postgres or mysql)", runInbox)
 }
 
 // runInbox measures the inbox middleware's cost on a consumer whose handler
@@ -30,6 +30,9 @@ func init() {
 //
 //   - inbox: begin, record the message id, insert, commit (the middleware);
 //   - plain: begin, insert, commit in the handler, no inbox.
+//
+// Both run through the same sqladapters.DB (pgx on Postgres, database/sql
+// with interpolateParams on MySQL), so the ratio is the inbox's cost alone.
 //
 // Concurrency is that of a consumer of a partitioned topic: INBOX_CONCURRENCY
 // (default 16) topics, one router handler each, like Kafka partitions or
@@ -46,32 +49,15 @@ func runInbox(ctx context.Context, o options) error {
 		return fmt.Errorf("INBOX_CONCURRENCY must be a positive integer")
 	}
 	rounds := 3
-	pool, schema, err := benchPostgres(ctx, o.pgURL)
+	b, err := newInboxBenchDB(ctx, o)
 	if err != nil {
 		return err
 	}
-	defer dropSchema(pool, schema)
-	d, err := postgres.New(postgres.Options{Schema: schema})
-	if err != nil {
-		return err
-	}
-	db := pgxv5.WrapPool(pool)
-	if err := sqladapters.Migrate(ctx, db, d); err != nil {
-		return err
-	}
-	orders := `"` + schema + `".orders`
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+orders+` (id text PRIMARY KEY, amount bigint NOT NULL)`); err != nil {
-		return err
-	}
-	insert := `INSERT INTO ` + orders + ` (id, amount) VALUES ($1, $2)`
-	var syncCommit string
-	if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&syncCommit); err != nil {
-		return err
-	}
-	fmt.Printf("%d messages per run, %d concurrent handlers, pool of %d connections, synchronous_commit=%s\n",
-		n, conc, pool.Config().MaxConns, syncCommit)
+	defer b.cleanup()
+	fmt.Printf("%s: %d messages per run, %d concurrent handlers, pool of %d connections, %s\n",
+		o.db, n, conc, b.conns, b.durability)
 
-	inboxMW, err := middleware.NewInbox(middleware.InboxConfig{DB: db, Dialect: d, Consumer: "bench"})
+	inboxMW, err := middleware.NewInbox(middleware.InboxConfig{DB: b.db, Dialect: b.d, Consumer: "bench"})
 	if err != nil {
 		return err
 	}
@@ -79,46 +65,42 @@ func runInbox(ctx context.Context, o options) error {
 		"inbox": {
 			middleware: inboxMW,
 			handler: func(msg *message.Message) error {
-				tx, err := pgxv5.TxFromContext(msg.Context())
+				tx, err := sqladapters.TxFromContext(msg.Context())
 				if err != nil {
 					return err
 				}
-				_, err = tx.Exec(msg.Context(), insert, msg.UUID, 100)
+				_, err = tx.Exec(msg.Context(), b.insert, msg.UUID, 100)
 				return err
 			},
 		},
 		"plain": {
 			handler: func(msg *message.Message) error {
 				ctx := msg.Context()
-				tx, err := pool.Begin(ctx)
+				tx, err := b.db.Begin(ctx, sql.TxOptions{})
 				if err != nil {
 					return err
 				}
-				defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-				if _, err := tx.Exec(ctx, insert, msg.UUID, 100); err != nil {
+				defer sqladapters.Rollback(tx) // a no-op after commit
+				if _, err := tx.Exec(ctx, b.insert, msg.UUID, 100); err != nil {
 					return err
 				}
 				return tx.Commit(ctx)
 			},
 		},
 	}
-	reset := func() error {
-		_, err := pool.Exec(ctx, `TRUNCATE `+orders+`, `+d.InboxTable())
-		return err
-	}
 	// Warm up connections, statement caches and the tables.
 	for _, name := range []string{"inbox", "plain"} {
-		if _, err := variants[name].run(ctx, pool, orders, min(n, 2000), conc); err != nil {
+		if _, err := variants[name].run(ctx, b, min(n, 2000), conc); err != nil {
 			return fmt.Errorf("warm-up %s: %w", name, err)
 		}
 	}
 	rates := map[string][]float64{}
 	for round := 1; round <= rounds; round++ {
 		for _, name := range []string{"inbox", "plain"} {
-			if err := reset(); err != nil {
+			if err := b.reset(ctx); err != nil {
 				return err
 			}
-			rate, err := variants[name].run(ctx, pool, orders, n, conc)
+			rate, err := variants[name].run(ctx, b, n, conc)
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
@@ -137,6 +119,102 @@ func runInbox(ctx context.Context, o options) error {
 	return nil
 }
 
+// inboxBenchDB is the database of the inbox bench: a fresh millbox
+// installation with an orders table beside it.
+type inboxBenchDB struct {
+	db      sqladapters.DB
+	d       sqladapters.Dialect
+	orders  string // quoted table name
+	insert  string // inserts an order: id, amount
+	conns   int
+	cleanup func()
+	// durability names the setting that decides what a commit costs.
+	durability string
+}
+
+func newInboxBenchDB(ctx context.Context, o options) (*inboxBenchDB, error) {
+	switch o.db {
+	case "postgres":
+		pool, d, cleanup, err := pgOutbox(ctx, o.pgURL)
+		if err != nil {
+			return nil, err
+		}
+		b := &inboxBenchDB{
+			db: pgxv5.WrapPool(pool), d: d, orders: `"` + d.Schema() + `".orders`,
+			conns: int(pool.Config().MaxConns), cleanup: cleanup,
+		}
+		b.insert = `INSERT INTO ` + b.orders + ` (id, amount) VALUES ($1, $2)`
+		var syncCommit string
+		if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&syncCommit); err != nil {
+			cleanup()
+			return nil, err
+		}
+		b.durability = "synchronous_commit=" + syncCommit
+		return b, b.create(ctx, `id text PRIMARY KEY, amount bigint NOT NULL`)
+	case "mysql":
+		db, d, cleanup, err := mysqlOutbox(ctx, o.mysqlDSN)
+		if err != nil {
+			return nil, err
+		}
+		orders := "`" + strings.Trim(d.OutboxTable(), "`") + "_orders`"
+		b := &inboxBenchDB{
+			db: db, d: d, orders: orders, conns: mysqlBenchConns,
+			insert: `INSERT INTO ` + orders + ` (id, amount) VALUES (?, ?)`,
+			cleanup: func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				_, _ = db.Exec(ctx, `DROP TABLE IF EXISTS `+orders)
+				cleanup()
+			},
+		}
+		var flush, binlog string
+		if err := b.queryRow(ctx, `SELECT @@innodb_flush_log_at_trx_commit, @@log_bin`, &flush, &binlog); err != nil {
+			b.cleanup()
+			return nil, err
+		}
+		b.durability = "innodb_flush_log_at_trx_commit=" + flush + " log_bin=" + binlog
+		return b, b.create(ctx, `id VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL`)
+	}
+	return nil, fmt.Errorf("-db %q: want postgres or mysql", o.db)
+}
+
+// create creates the orders table; on failure it cleans up.
+func (b *inboxBenchDB) create(ctx context.Context, columns string) error {
+	if _, err := b.db.Exec(ctx, `CREATE TABLE `+b.orders+` (`+columns+`)`); err != nil {
+		b.cleanup()
+		return err
+	}
+	return nil
+}
+
+// reset empties the orders and the inbox.
+func (b *inboxBenchDB) reset(ctx context.Context) error {
+	for _, t := range []string{b.orders, b.d.InboxTable()} {
+		if _, err := b.db.Exec(ctx, `TRUNCATE TABLE `+t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *inboxBenchDB) queryRow(ctx context.Context, q string, dest ...any) error {
+	rows, err := b.db.Query(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("%s: no row", q)
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	return rows.Err()
+}
+
 type inboxBenchVariant struct {
 	middleware message.HandlerMiddleware // nil for none
 	handler    message.NoPublishHandlerFunc
@@ -144,7 +222,7 @@ type inboxBenchVariant struct {
 
 // run consumes n fresh messages over conc topics and returns messages per
 // second, checking that every message left its order row.
-func (v inboxBenchVariant) run(ctx context.Context, pool *pgxpool.Pool, orders string, n, conc int) (float64, error) {
+func (v inboxBenchVariant) run(ctx context.Context, b *inboxBenchDB, n, conc int) (float64, error) {
 	logger := watermill.NopLogger{}
 	gc := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, logger)
 	defer gc.Close()
@@ -216,7 +294,7 @@ func (v inboxBenchVariant) run(ctx context.Context, pool *pgxpool.Pool, orders s
 		return 0, fmt.Errorf("a handler failed (its message was redelivered): %w", firstErr)
 	}
 	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+orders).Scan(&rows); err != nil {
+	if err := b.queryRow(ctx, `SELECT count(*) FROM `+b.orders, &rows); err != nil {
 		return 0, err
 	}
 	if rows < n {

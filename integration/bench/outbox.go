@@ -31,6 +31,11 @@ func benchOutbox(ctx context.Context, o options) (sqladapters.DB, sqladapters.Di
 	return nil, nil, nil, fmt.Errorf("-db %q: want postgres or mysql", o.db)
 }
 
+// mysqlBenchConns is the connection pool size of mysqlOutbox.
+const mysqlBenchConns = 32
+
+// mysqlOutbox opens dsn with interpolateParams, creates a fresh millbox
+// installation in its database and returns a cleanup that drops it.
 func mysqlOutbox(ctx context.Context, dsn string) (sqladapters.DB, sqladapters.Dialect, func(), error) {
 	if !strings.Contains(dsn, "interpolateParams") {
 		dsn += map[bool]string{true: "&", false: "?"}[strings.Contains(dsn, "?")] + "interpolateParams=true"
@@ -39,8 +44,8 @@ func mysqlOutbox(ctx context.Context, dsn string) (sqladapters.DB, sqladapters.D
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	db.SetMaxOpenConns(32)
-	db.SetMaxIdleConns(32)
+	db.SetMaxOpenConns(mysqlBenchConns)
+	db.SetMaxIdleConns(mysqlBenchConns)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, nil, nil, fmt.Errorf("mysql unreachable at %s: %w", dsn, err)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -19,8 +20,40 @@ type Env struct {
 	NewDialect func(t *testing.T) sqladapters.Dialect
 	// NewUnmigratedDialect returns a dialect whose tables do not exist.
 	NewUnmigratedDialect func(t *testing.T) sqladapters.Dialect
-	// Sources are the transaction sources to run the outbox suite with.
+	// Sources are the transaction sources to run the outbox suite and the
+	// inbox Record suite with.
 	Sources []TxSource
+
+	// Placeholder returns the n-th (from 1) bind parameter of this
+	// database's SQL, for the statements the suites run on their own
+	// business tables. Defaults to "?"; Postgres needs "$n".
+	Placeholder func(n int) string
+	// TimeArg converts a time into the argument this database compares
+	// with millbox's time columns. Defaults to the time itself.
+	TimeArg func(t time.Time) any
+	// InboxDBs are the handles the inbox middleware suite begins its
+	// transactions on, one run each. Defaults to DB alone.
+	InboxDBs []DBSource
+	// IsolationLevels are the transaction isolation levels at which the
+	// inbox reports a concurrent duplicate as a duplicate; the inbox suite
+	// races transactions at each. Defaults to the database's default
+	// level. (Postgres above READ COMMITTED reports a serialization
+	// failure instead; see package inbox.)
+	IsolationLevels []sql.IsolationLevel
+	// InboxLockWaiters counts the sessions waiting on the inbox table of
+	// d, so that the inbox suite ends a transaction only once another one
+	// waits on it. The suite calls it while one transaction holds a key
+	// whose insert has finished, so a session still running the inbox
+	// insert may be counted as waiting. Nil where waits cannot be observed
+	// (SQLite waits in its busy handler); the suite then pauses briefly
+	// instead, which makes the overlap likely but does not prove it.
+	InboxLockWaiters func(ctx context.Context, d sqladapters.Dialect) (int, error)
+}
+
+// DBSource is a database handle as one kind of application opens it.
+type DBSource struct {
+	Name string
+	DB   sqladapters.DB
 }
 
 // TxSource begins transactions the way one kind of application does.
