@@ -466,21 +466,31 @@ func groupByKey(rows []sqladapters.OutboxRow) [][]sqladapters.OutboxRow {
 
 // read returns up to BatchSize due rows, leaving out the rows in skip (the
 // batch being published) and those whose delete is in flight. Those rows
-// are still pending in the table, so it reads that many more and drops
-// them here: an exclusion list in SQL costs Postgres a linear scan of the
-// list per row under a prepared statement's generic plan, which was ten
-// times slower than reading the extra rows.
+// are still pending in the table: dialects that can exclude them in SQL do
+// (MySQL, SQLite); on Postgres an exclusion list is scanned linearly per
+// row under a prepared statement's generic plan, ten times slower than
+// reading that many more rows and dropping them here.
 func (f *Forwarder) read(ctx context.Context, owned []int, skip map[int64]bool) ([]sqladapters.OutboxRow, error) {
 	// ackMu is held until the rows are filtered: a delete that lands
 	// meanwhile cannot drop its ids from ackPending while this read's
 	// snapshot still shows the rows.
 	f.ackMu.Lock()
-	excluded := len(skip) + len(f.ackPending)
 	inFlight := func(id int64) bool {
 		_, deleting := f.ackPending[id]
 		return deleting || skip[id]
 	}
-	q := sqladapters.PendingQuery{Partitions: f.cfg.Partitions, Owned: owned, Limit: f.cfg.BatchSize + excluded}
+	q := sqladapters.PendingQuery{Partitions: f.cfg.Partitions, Owned: owned, Limit: f.cfg.BatchSize}
+	if f.cfg.Dialect.Features().ExcludeInSQL {
+		q.Exclude = make([]int64, 0, len(skip)+len(f.ackPending))
+		for id := range skip {
+			q.Exclude = append(q.Exclude, id)
+		}
+		for id := range f.ackPending {
+			q.Exclude = append(q.Exclude, id)
+		}
+	} else {
+		q.Limit += len(skip) + len(f.ackPending)
+	}
 	rows, err := f.cfg.Dialect.SelectPending(q).Query(ctx, f.cfg.DB)
 	if err != nil {
 		f.ackMu.Unlock()

@@ -372,8 +372,8 @@ func TestMySQLForwarderStatements(t *testing.T) {
 		if got := o.pending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 100}); len(got) != 0 {
 			t.Fatalf("no owned partitions read %s", uuidsOf(got))
 		}
-		if got := uuidsOf(o.pending(sqladapters.PendingQuery{Limit: 3})); got != "m0 m1 m2" {
-			t.Fatalf("limit 3: %s", got)
+		if got := uuidsOf(o.pending(sqladapters.PendingQuery{Exclude: []int64{ids[0], ids[5]}, Limit: 3})); got != "m1 m2 m3" {
+			t.Fatalf("excluded m0, m5, limit 3: %s", got)
 		}
 		o.exec(o.d.CompleteForwarded(ids[:2], false))
 		o.exec(o.d.CompleteForwarded(ids[2:3], true))

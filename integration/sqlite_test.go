@@ -203,6 +203,7 @@ func TestSQLiteForwarderDialect(t *testing.T) {
 		wantIDs(t, "all", f.pending(sqladapters.PendingQuery{}), ids)
 		wantIDs(t, "partitions 1 and 3 of 4", f.pending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}}), []int64{ids[1], ids[3], ids[5]})
 		wantIDs(t, "no partition", f.pending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}}), nil)
+		wantIDs(t, "excluded", f.pending(sqladapters.PendingQuery{Exclude: []int64{ids[0], ids[2]}}), []int64{ids[1], ids[3], ids[4], ids[5]})
 		wantIDs(t, "limit", f.pending(sqladapters.PendingQuery{Limit: 2}), ids[:2])
 	})
 

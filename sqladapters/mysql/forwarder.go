@@ -32,6 +32,9 @@ WHERE o.state = ` + statePending + ` AND o.next_attempt_at <= ` + now)
 			b.WriteString(` AND o.key_hash % ` + strconv.Itoa(q.Partitions) + ` IN (` + intList(q.Owned) + `)`)
 		}
 	}
+	if len(q.Exclude) > 0 {
+		b.WriteString(` AND o.id NOT IN (` + intList(q.Exclude) + `)`)
+	}
 	b.WriteString(`
 AND (o.` + "`key`" + ` IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p

@@ -202,6 +202,7 @@ func (d *Dialect) Features() sqladapters.Features {
 		Notify:            false,
 		SkipLocked:        d.opts.SkipLocked,
 		ConcurrentWriters: true,
+		ExcludeInSQL:      true,
 	}
 }
 

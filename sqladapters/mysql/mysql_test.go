@@ -26,7 +26,7 @@ func TestMySQLNewDefaults(t *testing.T) {
 	if d.Name() != "mysql" || d.NotifyChannel() != "" {
 		t.Fatalf("name %q channel %q", d.Name(), d.NotifyChannel())
 	}
-	want := sqladapters.Features{ConcurrentWriters: true}
+	want := sqladapters.Features{ConcurrentWriters: true, ExcludeInSQL: true}
 	if d.Features() != want {
 		t.Fatalf("features %+v", d.Features())
 	}

@@ -22,6 +22,10 @@ WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= ` + 
 		b.WriteString(` AND o.key_hash % ? IN (SELECT value FROM json_each(?))`)
 		args = append(args, q.Partitions, idList(q.Owned))
 	}
+	if len(q.Exclude) > 0 {
+		b.WriteString(` AND o.id NOT IN (SELECT value FROM json_each(?))`)
+		args = append(args, idList(q.Exclude))
+	}
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p

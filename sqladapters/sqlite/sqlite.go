@@ -135,6 +135,7 @@ func (d *Dialect) Features() sqladapters.Features {
 		Notify:            false,
 		SkipLocked:        false,
 		ConcurrentWriters: false,
+		ExcludeInSQL:      true,
 	}
 }
 

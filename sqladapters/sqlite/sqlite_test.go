@@ -21,7 +21,7 @@ func TestSQLiteNewDefaults(t *testing.T) {
 	if d.Name() != "sqlite" || d.NotifyChannel() != "" {
 		t.Fatalf("name %q channel %q", d.Name(), d.NotifyChannel())
 	}
-	want := sqladapters.Features{TransactionalDDL: true}
+	want := sqladapters.Features{TransactionalDDL: true, ExcludeInSQL: true}
 	if d.Features() != want {
 		t.Fatalf("features %+v", d.Features())
 	}
