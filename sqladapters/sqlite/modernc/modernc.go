@@ -1,6 +1,7 @@
 package modernc
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -103,10 +104,11 @@ func escapePath(p string) string {
 }
 
 // Open opens the SQLite database file at path (created if missing) with the
-// settings of DSN and the pool bounded by cfg.MaxOpenConns. Like sql.Open,
-// it does not connect; the settings apply as each connection opens. Wrap
-// the result with stdsql.WrapDB for millbox, and use it for your own
-// queries too.
+// settings of DSN and the pool bounded by cfg.MaxOpenConns. Unlike sql.Open
+// it connects once before returning: switching a new file to WAL needs an
+// exclusive lock that SQLite does not wait for, so connections opening a
+// new file at the same moment could fail with SQLITE_BUSY. Wrap the result
+// with stdsql.WrapDB for millbox, and use it for your own queries too.
 func Open(path string, cfg Config) (*sql.DB, error) {
 	cfg.setDefaults()
 	dsn, err := DSN(path, cfg)
@@ -121,6 +123,12 @@ func Open(path string, cfg Config) (*sql.DB, error) {
 		db.SetMaxOpenConns(cfg.MaxOpenConns)
 		// Idle connections keep their page cache warm.
 		db.SetMaxIdleConns(cfg.MaxOpenConns)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.BusyTimeout+5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("millbox: sqlite/modernc: open %s: %w", path, err)
 	}
 	return db, nil
 }
