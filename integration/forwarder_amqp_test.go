@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/amqpbatch"
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
@@ -15,8 +16,9 @@ import (
 )
 
 // TestForwarderRabbitMQ forwards to RabbitMQ through watermill-amqp v3 with
-// publisher confirms and a channel pool, and through a v2 publisher: every
-// message arrives, in order per key.
+// publisher confirms and a channel pool, through a v2 publisher, and
+// through millbox's amqpbatch publisher: every message arrives, in order
+// per key.
 func TestForwarderRabbitMQ(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -25,6 +27,14 @@ func TestForwarderRabbitMQ(t *testing.T) {
 	}{
 		{"watermill-amqp-v3", func(t *testing.T) message.Publisher { return testenv.AMQPPublisher(t) }, 50, 100},
 		{"watermill-amqp-v2", func(t *testing.T) message.Publisher { return testenv.AMQPPublisherV2(t) }, 20, 50},
+		{"amqpbatch", func(t *testing.T) message.Publisher {
+			p, err := amqpbatch.NewPublisher(amqpbatch.Config{URL: testenv.RequireAMQP(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = p.Close() })
+			return p
+		}, 50, 100},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := testenv.Postgres(t)

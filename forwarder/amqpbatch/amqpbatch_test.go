@@ -1,0 +1,18 @@
+package amqpbatch_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/millbox/millbox/forwarder/amqpbatch"
+	"github.com/millbox/millbox/sqladapters"
+)
+
+func TestConfigIsValidated(t *testing.T) {
+	if _, err := amqpbatch.NewPublisher(amqpbatch.Config{}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+		t.Fatalf("no URL: %v", err)
+	}
+	if _, err := amqpbatch.NewPublisher(amqpbatch.Config{URL: "amqp://x", Channels: -1}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+		t.Fatalf("negative channels: %v", err)
+	}
+}
