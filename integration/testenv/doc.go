@@ -2,8 +2,10 @@
 // each test: a fresh schema or table prefix per test, dropped afterwards.
 //
 //	MILLBOX_POSTGRES_URL  default postgres://root@127.0.0.1:5432/test?sslmode=disable
-//	MILLBOX_MYSQL_DSN     default root@tcp(127.0.0.1:3306)/test?parseTime=true&multiStatements=false
+//	MILLBOX_MYSQL_DSN     default root@tcp(127.0.0.1:3306)/test?parseTime=true
 //	MILLBOX_AMQP_URL      default amqp://guest:guest@127.0.0.1:5672/
 //
 // Kafka needs no service: StartKafka runs franz-go's kfake in process.
+// SQLite needs none either: SQLitePath and SQLite open a file in the
+// test's temporary directory.
 package testenv
