@@ -46,10 +46,9 @@ type Config struct {
 	// BatchSize is the number of rows read per round. Defaults to
 	// DefaultBatchSize.
 	BatchSize int
-	// Concurrency is the number of publishes in flight at once. Rows of
-	// one ordering key always go through the same lane, one at a time, in
-	// order; different keys flow in parallel. Defaults to
-	// DefaultConcurrency.
+	// Concurrency is the number of Publish calls in flight at once. A
+	// key's messages are published in order by one call at a time;
+	// different keys flow in parallel. Defaults to DefaultConcurrency.
 	Concurrency int
 	// PublishBatch is the most messages of one key handed to the
 	// destination in one Publish call (consecutive messages for one

@@ -46,8 +46,12 @@ func TestConfigDefaultsAndValidation(t *testing.T) {
 }
 
 func TestKeyHashIsStableAndNonNegative(t *testing.T) {
-	if KeyHash("customer-1") != KeyHash("customer-1") {
-		t.Fatal("key hash not stable")
+	// Every instance, of any version, must place a key in the same
+	// partition: the hash is FNV-1a in 31 bits, pinned here.
+	for key, want := range map[string]int32{"customer-1": 307212823, "order-42": 1461995252} {
+		if got := KeyHash(key); got != want {
+			t.Fatalf("KeyHash(%q) = %d, want %d", key, got, want)
+		}
 	}
 	for _, k := range []string{"", "a", "customer-42", strings.Repeat("x", 1000)} {
 		if KeyHash(k) < 0 {
