@@ -34,10 +34,11 @@ const maxErrorLength = 2000
 //   - a failing row is retried with exponential backoff and moved to the
 //     dead letters after MaxAttempts; other keys keep flowing meanwhile.
 //
-// Each round reads up to BatchSize due rows of the partitions this instance
-// leases, publishes them over Concurrency lanes (one lane per key), records
-// failures, and hands the published ids to a background deleter while the
-// next round starts.
+// Each round publishes up to BatchSize due rows of the partitions this
+// instance leases, up to Concurrency keys at a time (each key's rows in
+// order, in calls of up to PublishBatch messages), records failures, and
+// hands the published ids to a background deleter. A full round reads the
+// next batch while it publishes.
 type Forwarder struct {
 	cfg      Config
 	listener sqladapters.Listener
