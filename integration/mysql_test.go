@@ -416,6 +416,45 @@ func TestMySQLForwarderStatements(t *testing.T) {
 		}
 	})
 
+	// The backoff check runs once per row read; if it scanned the table,
+	// reading a batch would cost batch × backlog. The plan must use
+	// state_idx for the rows and retry_idx for the check, with statistics
+	// that see retry_hash as almost all NULL.
+	t.Run("PendingPlanUsesIndexes", func(t *testing.T) {
+		o := newMyOps(t, mysql.Options{})
+		raw := testenv.MySQL(t)
+		msgs := make([]sqladapters.OutboxMessage, 3000)
+		for i := range msgs {
+			msgs[i] = sqladapters.OutboxMessage{UUID: fmt.Sprint("m", i), Topic: "t", Metadata: []byte("{}"), Key: fmt.Sprint("k", i%3), KeyHash: int32(i % 3)}
+		}
+		for _, q := range o.d.InsertOutbox(msgs) {
+			o.exec(q)
+		}
+		if _, err := raw.ExecContext(o.ctx, `ANALYZE TABLE `+o.d.OutboxTable()); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []sqladapters.PendingQuery{
+			{Limit: 2000},
+			{Partitions: 16, Owned: []int{0, 1, 2}, Exclude: []int64{1, 2, 3}, Limit: 2000},
+		} {
+			sel := o.d.SelectPending(q)
+			rows, err := raw.QueryContext(o.ctx, "EXPLAIN "+sel.SQL, sel.Args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan := explainRows(t, rows)
+			if len(plan) != 2 {
+				t.Fatalf("plan has %d rows, want 2: %v", len(plan), plan)
+			}
+			for _, r := range plan {
+				want := map[string]string{"o": "state_idx", "p": "retry_idx"}[r["table"]]
+				if r["type"] == "ALL" || r["key"] != want {
+					t.Fatalf("table %s: access %s via %q, want index %s\n%v\n%s", r["table"], r["type"], r["key"], want, plan, sel.SQL)
+				}
+			}
+		}
+	})
+
 	t.Run("DeadLettersAndRequeue", func(t *testing.T) {
 		o := newMyOps(t, mysql.Options{})
 		ids := o.insert(sqladapters.OutboxMessage{UUID: "d1", Key: "k"}, sqladapters.OutboxMessage{UUID: "d2"}, sqladapters.OutboxMessage{UUID: "ok"})
@@ -573,6 +612,36 @@ func myDeadLetters(t *testing.T, o *myOps, after int64, limit int) []sqladapters
 		}
 		dl.Key = key.String
 		out = append(out, dl)
+	}
+	return out
+}
+
+// explainRows reads EXPLAIN output as one column map per row.
+func explainRows(t *testing.T, rows *sql.Rows) []map[string]string {
+	t.Helper()
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]string
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		r := map[string]string{}
+		for i, c := range cols {
+			r[c] = vals[i].String
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -81,6 +81,15 @@
 // restart resets the counter to the largest id left plus one, so ids of
 // deleted rows may come back after a restart on those versions.
 //
+// MySQL has no partial indexes; stored generated columns stand in for
+// them. state (pending, dead or published) is indexed with id: the
+// forwarder reads pending rows in id order and pages dead letters through
+// it. retry_hash is the key hash of a pending row waiting for a retry and
+// NULL otherwise, so the check that holds a key's later rows behind its
+// retry is one lookup in a small index, however large the backlog. The
+// forwarder's read names both indexes (FORCE INDEX): going by statistics,
+// the optimizer would scan the table for the check of every row.
+//
 // Inbox keys, lease owners and member names are VARBINARY, compared byte
 // by byte. A value longer than its column (255 bytes, 512 for message ids)
 // is stored as its SHA-256, never truncated.

@@ -19,11 +19,16 @@ const (
 // SelectPending reads due rows in id order through state_idx. A row whose
 // key has an earlier row backing off after a failure is left out, so the
 // key keeps its order. The backoff check looks up the key's hash in
-// retry_idx and then compares the keys: rows with equal keys have equal
-// hashes (the hash also places the key in its partition).
+// retry_idx, which holds only rows waiting for a retry, and then compares
+// the keys: rows with equal keys have equal hashes (the hash also places
+// the key in its partition).
+//
+// Both indexes are forced. The optimizer, going by statistics, would
+// otherwise scan the whole table for the check of every row (retry_idx
+// holds mostly NULLs), or walk the primary key over dead and kept rows.
 func (d *Dialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
-	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o
+	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o FORCE INDEX (state_idx)
 WHERE o.state = ` + statePending + ` AND o.next_attempt_at <= ` + now)
 	if q.Owned != nil {
 		if len(q.Owned) == 0 {
@@ -37,9 +42,9 @@ WHERE o.state = ` + statePending + ` AND o.next_attempt_at <= ` + now)
 	}
 	b.WriteString(`
 AND (o.` + "`key`" + ` IS NULL OR NOT EXISTS (
-	SELECT 1 FROM ` + d.outbox + ` p
-	WHERE p.key_hash = o.key_hash AND p.next_attempt_at > ` + now + ` AND p.id < o.id
-	AND p.` + "`key`" + ` = o.` + "`key`" + ` AND p.attempts > 0 AND p.state = ` + statePending + `))
+	SELECT 1 FROM ` + d.outbox + ` p FORCE INDEX (retry_idx)
+	WHERE p.retry_hash = o.key_hash AND p.next_attempt_at > ` + now + ` AND p.id < o.id
+	AND p.` + "`key`" + ` = o.` + "`key`" + `))
 ORDER BY o.id LIMIT ?`)
 	return sqladapters.Query{SQL: b.String(), Args: []any{q.Limit}}
 }
