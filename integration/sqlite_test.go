@@ -207,6 +207,53 @@ func TestSQLiteForwarderDialect(t *testing.T) {
 		wantIDs(t, "limit", f.pending(sqladapters.PendingQuery{Limit: 2}), ids[:2])
 	})
 
+	// The backoff check runs once per row read, so it must be an index
+	// search, not a scan; and with most rows dead the rows must come from
+	// the pending index in id order, not from a walk over the dead ones.
+	t.Run("PendingPlanUsesIndexes", func(t *testing.T) {
+		f := newLiteFixture(t)
+		msgs := make([]sqladapters.OutboxMessage, 3000)
+		for i := range msgs {
+			msgs[i] = msg(fmt.Sprint("m", i), fmt.Sprint("k", i%3), int32(i%3))
+		}
+		f.insert(msgs...)
+		if _, err := f.sql.ExecContext(f.ctx, `UPDATE `+f.d.OutboxTable()+` SET dead_at = '2026-01-01T00:00:00.000Z' WHERE id <= 2900`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.sql.ExecContext(f.ctx, `ANALYZE`); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []sqladapters.PendingQuery{
+			{Limit: 2000},
+			{Partitions: 16, Owned: []int{0, 1, 2}, Exclude: []int64{1, 2, 3}, Limit: 2000},
+		} {
+			sel := f.d.SelectPending(q)
+			rows, err := f.sql.QueryContext(f.ctx, "EXPLAIN QUERY PLAN "+sel.SQL, sel.Args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var steps []string
+			for rows.Next() {
+				var id, parent, notused int
+				var detail string
+				if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+					t.Fatal(err)
+				}
+				steps = append(steps, detail)
+			}
+			rows.Close()
+			plan := strings.Join(steps, "\n")
+			if !strings.Contains(plan, "_pending_idx") || !strings.Contains(plan, "_retry_idx") {
+				t.Fatalf("plan does not read through the pending and retry indexes:\n%s\n%s", plan, sel.SQL)
+			}
+			for _, s := range steps {
+				if s == "SCAN o" || strings.HasPrefix(s, "SCAN p") || strings.Contains(s, "USE TEMP B-TREE") {
+					t.Fatalf("plan step %q scans the outbox or sorts:\n%s", s, plan)
+				}
+			}
+		}
+	})
+
 	t.Run("ChunkedInsertKeepsOrder", func(t *testing.T) {
 		f := newLiteFixture(t)
 		msgs := make([]sqladapters.OutboxMessage, 12001)
