@@ -68,13 +68,7 @@ func consumeGroup(t *testing.T, addrs []string, topic string) *conformance.Recor
 
 // pgxSource begins transactions on db (any adapter, despite the name).
 func pgxSource(db sqladapters.DB) conformance.TxSource {
-	return conformance.TxSource{Name: "db", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-		tx, err := db.Begin(ctx, sqlTxOptions)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tx
-	}}
+	return conformance.TxSource{Name: "db", Begin: beginOn(db)}
 }
 
 // TestForwarderKafkaThreeInstances: 3 forwarders, 200 keys, 50,000

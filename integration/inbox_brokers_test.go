@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/middleware/kafkaid"
@@ -113,37 +114,37 @@ func loseAckOnce() message.HandlerMiddleware {
 // is lost after commit.
 func runInboxBrokerScenario(t *testing.T, b inboxBroker) {
 	f := newInboxFixture(t)
-	poison := newInboxGoChannel(t)
+	poison := conformance.NewGoChannel(t, true)
 	nextPoisoned := subscribeOne(t, poison, "poison")
 	sub := b.newSub(t)
 	fl := newFailer()
 	handler := func(msg *message.Message) error {
 		n := fl.next(msg.UUID)
-		if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
+		if err := f.ApplyEffect(msg.Context(), msg.UUID); err != nil {
 			return err
 		}
 		switch mode := msg.Metadata.Get("mode"); {
 		case mode == "flaky" && n == 1:
-			return errInjected
+			return conformance.ErrInjected
 		case mode == "flaky" && n == 2:
 			panic("injected panic")
 		case mode == "poison":
-			return errInjected
+			return conformance.ErrInjected
 		}
-		markHandled(msg)
+		conformance.MarkHandled(msg)
 		return nil
 	}
 	pq, err := wmw.PoisonQueue(poison, "poison")
 	if err != nil {
 		t.Fatal(err)
 	}
-	startInboxRouter(t, func(r *message.Router) {
+	conformance.StartRouter(t, func(r *message.Router) {
 		r.AddMiddleware(
 			loseAckOnce(),
 			pq,
 			wmw.Retry{MaxRetries: 2, InitialInterval: time.Millisecond}.Middleware,
 			wmw.Recoverer,
-			f.middleware("billing"),
+			f.Middleware("billing"),
 		)
 		r.AddConsumerHandler("apply", b.topic, sub, handler)
 	})
@@ -153,20 +154,20 @@ func runInboxBrokerScenario(t *testing.T, b inboxBroker) {
 		return m
 	}
 	dup, flaky, bad, lostAck := msg("dup"), msg("flaky"), msg("poison"), msg("lost-ack")
-	publishCopies(t, b.pub, b.topic, dup, 3)
+	conformance.PublishCopies(t, b.pub, b.topic, dup, 3)
 	for _, m := range []*message.Message{flaky, bad, lostAck} {
-		publishCopies(t, b.pub, b.topic, m, 1)
+		conformance.PublishCopies(t, b.pub, b.topic, m, 1)
 	}
 
 	if p := nextPoisoned(); p.UUID != bad.UUID {
 		t.Fatalf("poisoned %s, want %s", p.UUID, bad.UUID)
 	}
-	f.waitDeliveries(6) // handled dup, flaky, lost-ack; duplicates: 2 of dup, 1 of lost-ack
-	if h, d := f.handled.Load(), f.dups.Load(); h != 3 || d != 3 {
+	f.WaitDeliveries(6) // handled dup, flaky, lost-ack; duplicates: 2 of dup, 1 of lost-ack
+	if h, d := f.Handled(), f.Duplicates(); h != 3 || d != 3 {
 		t.Fatalf("handled %d, duplicates %d; want 3 and 3", h, d)
 	}
 	want := map[string]int{dup.UUID: 1, flaky.UUID: 1, lostAck.UUID: 1}
-	if got := f.effects(); fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := f.Effects(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("effects %v, want %v", got, want)
 	}
 	if a := [3]int{fl.count(flaky.UUID), fl.count(bad.UUID), fl.count(lostAck.UUID)}; a != [3]int{3, 3, 1} {
@@ -191,32 +192,32 @@ func TestInboxKafkaOffsetID(t *testing.T) {
 	b := inboxKafka(t)
 	f := newInboxFixture(t)
 	sub := b.newSub(t)
-	startInboxRouter(t, func(r *message.Router) {
-		r.AddMiddleware(loseAckOnce(), f.middleware("billing", func(c *middleware.InboxConfig) {
+	conformance.StartRouter(t, func(r *message.Router) {
+		r.AddMiddleware(loseAckOnce(), f.Middleware("billing", func(c *middleware.InboxConfig) {
 			c.MessageID = kafkaid.MessageID
 		}))
-		r.AddConsumerHandler("apply", b.topic, sub, f.effectHandler)
+		r.AddConsumerHandler("apply", b.topic, sub, f.EffectHandler)
 	})
 	twice := message.NewMessage(watermill.NewUUID(), nil)
 	lostAck := message.NewMessage(watermill.NewUUID(), nil)
 	lostAck.Metadata.Set("mode", "lost-ack")
-	publishCopies(t, b.pub, b.topic, twice, 2)
-	publishCopies(t, b.pub, b.topic, lostAck, 1)
-	f.waitDeliveries(4)
-	if h, d := f.handled.Load(), f.dups.Load(); h != 3 || d != 1 {
+	conformance.PublishCopies(t, b.pub, b.topic, twice, 2)
+	conformance.PublishCopies(t, b.pub, b.topic, lostAck, 1)
+	f.WaitDeliveries(4)
+	if h, d := f.Handled(), f.Duplicates(); h != 3 || d != 1 {
 		t.Fatalf("handled %d, duplicates %d; want 3 and 1", h, d)
 	}
-	if e := f.effects(); e[twice.UUID] != 2 || e[lostAck.UUID] != 1 {
+	if e := f.Effects(); e[twice.UUID] != 2 || e[lostAck.UUID] != 1 {
 		t.Fatalf("effects %v: want the re-produced message twice, the redelivered record once", e)
 	}
 	idRe := regexp.MustCompile(`^billing/apply\|` + regexp.QuoteMeta(b.topic) + `/\d+/\d+$`)
-	for _, row := range f.inboxRows() {
+	for _, row := range f.InboxRows() {
 		if !idRe.MatchString(row) {
 			t.Fatalf("inbox row %q is not consumer|topic/partition/offset", row)
 		}
 	}
 	// Outside a watermill-kafka subscription there is no offset.
-	_, err := f.middleware("billing", func(c *middleware.InboxConfig) { c.MessageID = kafkaid.MessageID })(
+	_, err := f.Middleware("billing", func(c *middleware.InboxConfig) { c.MessageID = kafkaid.MessageID })(
 		func(*message.Message) ([]*message.Message, error) { return nil, nil },
 	)(message.NewMessage(watermill.NewUUID(), nil))
 	if !errors.Is(err, middleware.ErrNoMessageID) || !strings.Contains(err.Error(), "kafkaid") {

@@ -16,16 +16,17 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
-	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
 const (
-	inboxCrashEnv       = "MILLBOX_INBOX_CRASH_CHILD"
-	inboxCrashSchemaEnv = "MILLBOX_INBOX_CRASH_SCHEMA"
-	inboxCrashQueueEnv  = "MILLBOX_INBOX_CRASH_QUEUE"
-	inboxCommittedLine  = "MILLBOX-INBOX-COMMITTED "
+	inboxCrashEnv        = "MILLBOX_INBOX_CRASH_CHILD"
+	inboxCrashSchemaEnv  = "MILLBOX_INBOX_CRASH_SCHEMA"
+	inboxCrashQueueEnv   = "MILLBOX_INBOX_CRASH_QUEUE"
+	inboxCrashEffectsEnv = "MILLBOX_INBOX_CRASH_EFFECTS"
+	inboxCommittedLine   = "MILLBOX-INBOX-COMMITTED "
 )
 
 // A consumer process is killed after its handler's transaction committed
@@ -36,10 +37,11 @@ func TestInboxCrashAfterCommit(t *testing.T) {
 	f := newInboxFixture(t)
 	queue := testenv.AMQPQueue(t)
 	msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
-	publishCopies(t, testenv.AMQPPublisher(t), queue, msg, 1)
+	conformance.PublishCopies(t, testenv.AMQPPublisher(t), queue, msg, 1)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestInboxCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), inboxCrashEnv+"=1", inboxCrashSchemaEnv+"="+f.d.Schema(), inboxCrashQueueEnv+"="+queue)
+	cmd.Env = append(os.Environ(), inboxCrashEnv+"=1", inboxCrashSchemaEnv+"="+f.schema(),
+		inboxCrashEffectsEnv+"="+f.EffectsTable, inboxCrashQueueEnv+"="+queue)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
@@ -66,7 +68,7 @@ func TestInboxCrashAfterCommit(t *testing.T) {
 			_ = cmd.Wait()
 			t.Fatalf("child committed %q (stdout open: %v), want %s", id, ok, msg.UUID)
 		}
-	case <-time.After(inboxWaitTimeout):
+	case <-time.After(conformance.WaitTimeout):
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		t.Fatal("child never committed")
@@ -75,7 +77,7 @@ func TestInboxCrashAfterCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	if n := f.effect(msg.UUID); n != 1 {
+	if n := f.Effect(msg.UUID); n != 1 {
 		t.Fatalf("effect %d after the crash, want the child's committed 1", n)
 	}
 
@@ -85,15 +87,15 @@ func TestInboxCrashAfterCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sub.Close() })
-	r := startInboxRouter(t, func(r *message.Router) {
-		r.AddMiddleware(f.middleware("billing"))
-		r.AddConsumerHandler("apply", queue, sub, f.effectHandler)
+	r := conformance.StartRouter(t, func(r *message.Router) {
+		r.AddMiddleware(f.Middleware("billing"))
+		r.AddConsumerHandler("apply", queue, sub, f.EffectHandler)
 	})
-	f.waitDeliveries(1)
-	if h, d := f.handled.Load(), f.dups.Load(); h != 0 || d != 1 {
+	f.WaitDeliveries(1)
+	if h, d := f.Handled(), f.Duplicates(); h != 0 || d != 1 {
 		t.Fatalf("after restart: handled %d, duplicates %d; want the redelivery skipped", h, d)
 	}
-	if n := f.effect(msg.UUID); n != 1 {
+	if n := f.Effect(msg.UUID); n != 1 {
 		t.Fatalf("effect %d, want 1", n)
 	}
 	// The duplicate was acked: after the consumer stops, nothing is left.
@@ -131,15 +133,9 @@ func TestInboxCrashChild(t *testing.T) {
 	if os.Getenv(inboxCrashEnv) == "" {
 		t.Skip("helper process of TestInboxCrashAfterCommit")
 	}
-	pool := testenv.Postgres(t)
-	f := &inboxFixture{
-		t:      t,
-		ctx:    context.Background(),
-		pool:   pool,
-		db:     pgxv5.WrapPool(pool),
-		driver: "pgx",
-		d:      postgres.MustNew(postgres.Options{Schema: os.Getenv(inboxCrashSchemaEnv)}),
-	}
+	env := pgDialectEnv(testenv.Postgres(t))
+	d := postgres.MustNew(postgres.Options{Schema: os.Getenv(inboxCrashSchemaEnv)})
+	f := conformance.AttachInboxFixture(t, env, env.DB, d, os.Getenv(inboxCrashEffectsEnv))
 	sub, err := amqp3.NewSubscriber(testenv.AMQPConfig(testenv.AMQPURL()), watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)
@@ -161,8 +157,8 @@ func TestInboxCrashChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.AddMiddleware(hangAfterCommit, f.middleware("billing"))
-	r.AddConsumerHandler("apply", os.Getenv(inboxCrashQueueEnv), sub, f.effectHandler)
+	r.AddMiddleware(hangAfterCommit, f.Middleware("billing"))
+	r.AddConsumerHandler("apply", os.Getenv(inboxCrashQueueEnv), sub, f.EffectHandler)
 	if err := r.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}

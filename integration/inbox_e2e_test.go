@@ -15,6 +15,7 @@ import (
 
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/integration/conformance"
+	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 )
 
@@ -51,12 +52,16 @@ func (p *ackLostPublisher) Publish(topic string, msgs ...*message.Message) error
 func runInboxEndToEnd(t *testing.T, b inboxBroker) {
 	const orders = 200
 	f := newInboxFixture(t)
-	f.exec(`CREATE TABLE ` + f.table("orders") + ` (id text PRIMARY KEY)`)
+	ctx := testenv.Ctx(t, 2*time.Minute)
+	ordersTable := `"` + f.schema() + `"."orders"`
+	if _, err := f.pool.Exec(ctx, `CREATE TABLE `+ordersTable+` (id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
 	dest := &ackLostPublisher{Publisher: b.pub, failed: map[string]bool{}}
 
 	sub := b.newSub(t)
 	var failures atomic.Int64
-	startInboxRouter(t, func(r *message.Router) {
+	conformance.StartRouter(t, func(r *message.Router) {
 		r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				out, err := h(msg)
@@ -66,12 +71,12 @@ func runInboxEndToEnd(t *testing.T, b inboxBroker) {
 				}
 				return out, err
 			}
-		}, f.middleware("fulfilment"))
+		}, f.Middleware("fulfilment"))
 		r.AddConsumerHandler("apply", b.topic, sub, func(msg *message.Message) error {
-			if err := f.applyEffect(msg.Context(), string(msg.Payload)); err != nil {
+			if err := f.ApplyEffect(msg.Context(), string(msg.Payload)); err != nil {
 				return err
 			}
-			markHandled(msg)
+			conformance.MarkHandled(msg)
 			return nil
 		})
 	})
@@ -79,15 +84,15 @@ func runInboxEndToEnd(t *testing.T, b inboxBroker) {
 	write := func(from, to int) {
 		t.Helper()
 		for i := from; i < to; i++ {
-			tx, err := f.pool.Begin(f.ctx)
+			tx, err := f.pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
 			id := "order-" + strconv.Itoa(i)
-			if _, err := tx.Exec(f.ctx, `INSERT INTO `+f.table("orders")+` (id) VALUES ($1)`, id); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+ordersTable+` (id) VALUES ($1)`, id); err != nil {
 				t.Fatal(err)
 			}
-			pub, err := forwarder.NewPublisher(pgxv5.WrapTx(tx), forwarder.PublisherConfig{Dialect: f.d})
+			pub, err := forwarder.NewPublisher(pgxv5.WrapTx(tx), forwarder.PublisherConfig{Dialect: f.Dialect})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +104,7 @@ func runInboxEndToEnd(t *testing.T, b inboxBroker) {
 			if err := pub.Publish(b.topic, msg); err != nil {
 				t.Fatal(err)
 			}
-			if err := tx.Commit(f.ctx); err != nil {
+			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -107,7 +112,7 @@ func runInboxEndToEnd(t *testing.T, b inboxBroker) {
 	startForwarder := func() func() {
 		t.Helper()
 		fw, err := forwarder.New(forwarder.Config{
-			DB: f.db, Dialect: f.d, Publisher: dest,
+			DB: f.DB, Dialect: f.Dialect, Publisher: dest,
 			MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		})
 		if err != nil {
@@ -141,29 +146,29 @@ func runInboxEndToEnd(t *testing.T, b inboxBroker) {
 	write(orders/2, orders)
 	startForwarder()
 
-	inboxWait(t, fmt.Sprintf("%d orders handled", orders), func() bool { return f.handled.Load() >= orders })
+	conformance.WaitFor(t, fmt.Sprintf("%d orders handled", orders), func() bool { return f.Handled() >= orders })
 	// Every injected duplicate reaches the consumer and is skipped.
-	inboxWait(t, "the injected duplicates", func() bool { return f.dups.Load() >= dest.injected.Load() })
-	inboxWait(t, "an empty outbox", func() bool { return len(conformance.ReadPending(t, f.ctx, f.db, f.d)) == 0 })
+	conformance.WaitFor(t, "the injected duplicates", func() bool { return f.Duplicates() >= dest.injected.Load() })
+	conformance.WaitFor(t, "an empty outbox", func() bool { return len(conformance.ReadPending(t, ctx, f.DB, f.Dialect)) == 0 })
 
 	if dest.injected.Load() != orders/10 {
 		t.Fatalf("injected %d duplicates, want %d", dest.injected.Load(), orders/10)
 	}
-	effects := f.effects()
+	effects := f.Effects()
 	for id, n := range effects {
 		if n != 1 {
 			t.Errorf("order %s took effect %d times", id, n)
 		}
 	}
-	if len(effects) != orders || f.handled.Load() != orders {
-		t.Fatalf("%d orders took effect, handler ran %d times; want %d", len(effects), f.handled.Load(), orders)
+	if len(effects) != orders || f.Handled() != orders {
+		t.Fatalf("%d orders took effect, handler ran %d times; want %d", len(effects), f.Handled(), orders)
 	}
 	for id, n := range effects {
 		if n != 1 {
 			t.Fatalf("order %s took effect %d times", id, n)
 		}
 	}
-	t.Logf("%d orders, %d duplicate deliveries skipped", orders, f.dups.Load())
+	t.Logf("%d orders, %d duplicate deliveries skipped", orders, f.Duplicates())
 }
 
 func TestInboxEndToEndKafka(t *testing.T) {

@@ -12,31 +12,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
-
-// newInboxGoChannel returns a persistent GoChannel, closed after the test
-// (after routers started later, whose cleanups run first).
-func newInboxGoChannel(t *testing.T) *gochannel.GoChannel {
-	t.Helper()
-	gc := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = gc.Close() })
-	return gc
-}
-
-func publishCopies(t *testing.T, pub message.Publisher, topic string, msg *message.Message, n int) {
-	t.Helper()
-	for range n {
-		if err := pub.Publish(topic, msg.Copy()); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // subscribeOne returns a function that waits for the next message on
 // topic and acks it.
@@ -54,7 +36,7 @@ func subscribeOne(t *testing.T, sub message.Subscriber, topic string) func() *me
 		case m := <-ch:
 			m.Ack()
 			return m
-		case <-time.After(inboxWaitTimeout):
+		case <-time.After(conformance.WaitTimeout):
 			t.Fatalf("no message on %s", topic)
 			return nil
 		}
@@ -68,8 +50,8 @@ func TestInboxMiddleware(t *testing.T) {
 		t.Run("PanicRollsBackAndPanicsAgain/"+driver, func(t *testing.T) {
 			t.Parallel()
 			f := newInboxFixtureFor(t, driver)
-			h := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
-				if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
+			h := f.Middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
+				if err := f.ApplyEffect(msg.Context(), msg.UUID); err != nil {
 					return nil, err
 				}
 				panic("injected panic")
@@ -83,8 +65,8 @@ func TestInboxMiddleware(t *testing.T) {
 			if recovered != "injected panic" {
 				t.Fatalf("recovered %v, want the handler's panic", recovered)
 			}
-			if n := f.effect(msg.UUID); n != 0 || len(f.inboxRows()) != 0 {
-				t.Fatalf("panicking handler left effect %d and inbox rows %v", n, f.inboxRows())
+			if n := f.Effect(msg.UUID); n != 0 || len(f.InboxRows()) != 0 {
+				t.Fatalf("panicking handler left effect %d and inbox rows %v", n, f.InboxRows())
 			}
 			if _, err := sqladapters.TxFromContext(msg.Context()); !errors.Is(err, sqladapters.ErrNoTx) {
 				t.Fatalf("message context still holds the finished transaction: %v", err)
@@ -99,8 +81,8 @@ func TestInboxMiddleware(t *testing.T) {
 	t.Run("RetryRecovererPoisonQueue", func(t *testing.T) {
 		t.Parallel()
 		f := newInboxFixture(t)
-		gc := newInboxGoChannel(t)
-		poison := newInboxGoChannel(t)
+		gc := conformance.NewGoChannel(t, true)
+		poison := conformance.NewGoChannel(t, true)
 		nextPoisoned := subscribeOne(t, poison, "poison")
 		fl := newFailer()
 		var mu sync.Mutex
@@ -115,28 +97,28 @@ func TestInboxMiddleware(t *testing.T) {
 			mu.Lock()
 			txs[msg.UUID] = append(txs[msg.UUID], tx)
 			mu.Unlock()
-			var c int
-			if err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM `+f.table("effects")+` WHERE id = $1`, msg.UUID).Scan(&c); err != nil {
+			c, err := f.CountEffect(msg.UUID)
+			if err != nil {
 				return err
 			}
 			if c != 0 {
 				dirtyStarts.Add(1)
 			}
-			if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
+			if err := f.ApplyEffect(msg.Context(), msg.UUID); err != nil {
 				return err
 			}
 			switch msg.Metadata.Get("mode") {
 			case "flaky":
 				switch n {
 				case 1:
-					return errInjected
+					return conformance.ErrInjected
 				case 2:
 					panic("injected panic")
 				}
 			case "poison":
-				return errInjected
+				return conformance.ErrInjected
 			}
-			markHandled(msg)
+			conformance.MarkHandled(msg)
 			return nil
 		}
 		pq, err := wmw.PoisonQueue(poison, "poison")
@@ -147,25 +129,25 @@ func TestInboxMiddleware(t *testing.T) {
 		flaky.Metadata.Set("mode", "flaky")
 		bad := message.NewMessage(watermill.NewUUID(), nil)
 		bad.Metadata.Set("mode", "poison")
-		publishCopies(t, gc, "orders", flaky, 1)
-		publishCopies(t, gc, "orders", bad, 1)
-		startInboxRouter(t, func(r *message.Router) {
+		conformance.PublishCopies(t, gc, "orders", flaky, 1)
+		conformance.PublishCopies(t, gc, "orders", bad, 1)
+		conformance.StartRouter(t, func(r *message.Router) {
 			r.AddMiddleware(
 				pq,
 				wmw.Retry{MaxRetries: 2, InitialInterval: time.Millisecond}.Middleware,
 				wmw.Recoverer,
-				f.middleware("billing"),
+				f.Middleware("billing"),
 			)
 			r.AddConsumerHandler("apply", "orders", gc, handler)
 		})
 		poisoned := nextPoisoned()
-		if poisoned.UUID != bad.UUID || !strings.Contains(poisoned.Metadata.Get(wmw.ReasonForPoisonedKey), errInjected.Error()) {
+		if poisoned.UUID != bad.UUID || !strings.Contains(poisoned.Metadata.Get(wmw.ReasonForPoisonedKey), conformance.ErrInjected.Error()) {
 			t.Fatalf("poisoned %s (reason %q), want %s", poisoned.UUID, poisoned.Metadata.Get(wmw.ReasonForPoisonedKey), bad.UUID)
 		}
-		f.waitDeliveries(1)
+		f.WaitDeliveries(1)
 		// A redelivery of the message that finally succeeded is skipped.
-		publishCopies(t, gc, "orders", flaky, 1)
-		f.waitDeliveries(2)
+		conformance.PublishCopies(t, gc, "orders", flaky, 1)
+		f.WaitDeliveries(2)
 
 		if fl.count(flaky.UUID) != 3 || fl.count(bad.UUID) != 3 {
 			t.Fatalf("attempts: flaky %d, poison %d; want 3 each", fl.count(flaky.UUID), fl.count(bad.UUID))
@@ -184,30 +166,30 @@ func TestInboxMiddleware(t *testing.T) {
 		if n := dirtyStarts.Load(); n != 0 {
 			t.Fatalf("%d attempts saw an earlier attempt's effect", n)
 		}
-		if got := f.effects(); len(got) != 1 || got[flaky.UUID] != 1 {
+		if got := f.Effects(); len(got) != 1 || got[flaky.UUID] != 1 {
 			t.Fatalf("effects %v, want only %s once", got, flaky.UUID)
 		}
-		if rows := f.inboxRows(); len(rows) != 1 || !strings.HasSuffix(rows[0], flaky.UUID) {
+		if rows := f.InboxRows(); len(rows) != 1 || !strings.HasSuffix(rows[0], flaky.UUID) {
 			t.Fatalf("inbox rows %v", rows)
 		}
-		if f.dups.Load() != 1 {
-			t.Fatalf("duplicates %d, want 1", f.dups.Load())
+		if f.Duplicates() != 1 {
+			t.Fatalf("duplicates %d, want 1", f.Duplicates())
 		}
 	})
 
 	t.Run("MetadataID", func(t *testing.T) {
 		t.Parallel()
 		f := newInboxFixture(t)
-		gc := newInboxGoChannel(t)
-		poison := newInboxGoChannel(t)
+		gc := conformance.NewGoChannel(t, true)
+		poison := conformance.NewGoChannel(t, true)
 		nextPoisoned := subscribeOne(t, poison, "poison")
 		var ran atomic.Int64
 		handler := func(msg *message.Message) error {
 			ran.Add(1)
-			if err := f.applyEffect(msg.Context(), msg.Metadata.Get("event_id")); err != nil {
+			if err := f.ApplyEffect(msg.Context(), msg.Metadata.Get("event_id")); err != nil {
 				return err
 			}
-			markHandled(msg)
+			conformance.MarkHandled(msg)
 			return nil
 		}
 		pq, err := wmw.PoisonQueueWithFilter(poison, "poison", func(err error) bool {
@@ -224,10 +206,10 @@ func TestInboxMiddleware(t *testing.T) {
 		b.Metadata.Set("event_id", "evt-1")
 		noID := message.NewMessage(watermill.NewUUID(), nil)
 		for _, m := range []*message.Message{a, b, noID} {
-			publishCopies(t, gc, "orders", m, 1)
+			conformance.PublishCopies(t, gc, "orders", m, 1)
 		}
-		startInboxRouter(t, func(r *message.Router) {
-			r.AddMiddleware(pq, f.middleware("billing", func(c *middleware.InboxConfig) {
+		conformance.StartRouter(t, func(r *message.Router) {
+			r.AddMiddleware(pq, f.Middleware("billing", func(c *middleware.InboxConfig) {
 				c.MessageID = middleware.MetadataID("event_id")
 			}))
 			r.AddConsumerHandler("apply", "orders", gc, handler)
@@ -236,14 +218,14 @@ func TestInboxMiddleware(t *testing.T) {
 		if poisoned.UUID != noID.UUID || !strings.Contains(poisoned.Metadata.Get(wmw.ReasonForPoisonedKey), `"event_id"`) {
 			t.Fatalf("poisoned %s (reason %q), want %s with a reason naming the field", poisoned.UUID, poisoned.Metadata.Get(wmw.ReasonForPoisonedKey), noID.UUID)
 		}
-		f.waitDeliveries(2)
-		if ran.Load() != 1 || f.dups.Load() != 1 {
-			t.Fatalf("handler ran %d times, duplicates %d; want 1 and 1", ran.Load(), f.dups.Load())
+		f.WaitDeliveries(2)
+		if ran.Load() != 1 || f.Duplicates() != 1 {
+			t.Fatalf("handler ran %d times, duplicates %d; want 1 and 1", ran.Load(), f.Duplicates())
 		}
-		if got := f.effects(); len(got) != 1 || got["evt-1"] != 1 {
+		if got := f.Effects(); len(got) != 1 || got["evt-1"] != 1 {
 			t.Fatalf("effects %v", got)
 		}
-		if rows := f.inboxRows(); len(rows) != 1 || rows[0] != "billing/apply|evt-1" {
+		if rows := f.InboxRows(); len(rows) != 1 || rows[0] != "billing/apply|evt-1" {
 			t.Fatalf("inbox rows %v", rows)
 		}
 	})
@@ -264,7 +246,7 @@ func TestInboxMiddleware(t *testing.T) {
 			{"EmptyUUID", nil, message.NewMessage("", nil)},
 			{"InvalidUTF8", func(*message.Message) (string, error) { return "\xff", nil }, message.NewMessage(watermill.NewUUID(), nil)},
 		} {
-			mw := f.middleware("billing", func(cfg *middleware.InboxConfig) { cfg.MessageID = c.id })
+			mw := f.Middleware("billing", func(cfg *middleware.InboxConfig) { cfg.MessageID = c.id })
 			_, err := mw(h)(c.msg)
 			if !errors.Is(err, middleware.ErrNoMessageID) {
 				t.Errorf("%s: want ErrNoMessageID, got %v", c.name, err)
@@ -282,7 +264,7 @@ func TestInboxMiddleware(t *testing.T) {
 		for _, driver := range inboxDrivers {
 			f := newInboxFixtureFor(t, driver)
 			var pgxErr, stdErr error
-			_, err := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
+			_, err := f.Middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
 				_, pgxErr = pgxv5.TxFromContext(msg.Context())
 				_, stdErr = stdsql.TxFromContext(msg.Context())
 				return nil, nil

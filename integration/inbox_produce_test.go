@@ -14,9 +14,9 @@ import (
 	"github.com/millbox/millbox/middleware"
 )
 
-func newContextOutbox(t *testing.T, f *inboxFixture) *forwarder.Publisher {
+func newContextOutbox(t *testing.T, f *pgInbox) *forwarder.Publisher {
 	t.Helper()
-	p, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: f.d})
+	p, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: f.Dialect})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestInboxCQRSEventProcessor(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			f := newInboxFixture(t)
-			gc := newInboxGoChannel(t)
+			gc := conformance.NewGoChannel(t, true)
 			marshaler := cqrs.JSONMarshaler{}
 			bus, err := cqrs.NewEventBusWithConfig(newContextOutbox(t, f), cqrs.EventBusConfig{
 				GeneratePublishTopic: func(p cqrs.GenerateEventPublishTopicParams) (string, error) { return p.EventName, nil },
@@ -54,8 +54,8 @@ func TestInboxCQRSEventProcessor(t *testing.T) {
 				t.Fatal(err)
 			}
 			var ran atomic.Int64
-			startInboxRouter(t, func(r *message.Router) {
-				r.AddMiddleware(f.middleware("orders", func(c *middleware.InboxConfig) { c.SharedAcrossHandlers = shared }))
+			conformance.StartRouter(t, func(r *message.Router) {
+				r.AddMiddleware(f.Middleware("orders", func(c *middleware.InboxConfig) { c.SharedAcrossHandlers = shared }))
 				ep, err := cqrs.NewEventProcessorWithConfig(r, cqrs.EventProcessorConfig{
 					GenerateSubscribeTopic: func(p cqrs.EventProcessorGenerateSubscribeTopicParams) (string, error) { return p.EventName, nil },
 					// GoChannel gives each handler's subscription every event.
@@ -68,18 +68,18 @@ func TestInboxCQRSEventProcessor(t *testing.T) {
 				err = ep.AddHandlers(
 					cqrs.NewEventHandler("billing", func(ctx context.Context, e *inboxOrderPlaced) error {
 						ran.Add(1)
-						if err := f.applyEffect(ctx, "billing:"+e.OrderID); err != nil {
+						if err := f.ApplyEffect(ctx, "billing:"+e.OrderID); err != nil {
 							return err
 						}
-						markHandled(cqrs.OriginalMessageFromCtx(ctx))
+						conformance.MarkHandled(cqrs.OriginalMessageFromCtx(ctx))
 						return bus.Publish(ctx, &inboxInvoiceRequested{OrderID: e.OrderID})
 					}),
 					cqrs.NewEventHandler("shipping", func(ctx context.Context, e *inboxOrderPlaced) error {
 						ran.Add(1)
-						if err := f.applyEffect(ctx, "shipping:"+e.OrderID); err != nil {
+						if err := f.ApplyEffect(ctx, "shipping:"+e.OrderID); err != nil {
 							return err
 						}
-						markHandled(cqrs.OriginalMessageFromCtx(ctx))
+						conformance.MarkHandled(cqrs.OriginalMessageFromCtx(ctx))
 						return nil
 					}),
 				)
@@ -91,16 +91,16 @@ func TestInboxCQRSEventProcessor(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			publishCopies(t, gc, marshaler.Name(&inboxOrderPlaced{}), event, 3)
-			f.waitDeliveries(6) // 3 copies x 2 handlers
+			conformance.PublishCopies(t, gc, marshaler.Name(&inboxOrderPlaced{}), event, 3)
+			f.WaitDeliveries(6) // 3 copies x 2 handlers
 
-			effects := f.effects()
-			pending := conformance.ReadPending(t, f.ctx, f.db, f.d)
+			effects := f.Effects()
+			pending := conformance.ReadPending(t, context.Background(), f.DB, f.Dialect)
 			if !shared {
 				if ran.Load() != 2 || effects["billing:o-1"] != 1 || effects["shipping:o-1"] != 1 {
 					t.Fatalf("handler runs %d, effects %v; want each handler once", ran.Load(), effects)
 				}
-				rows := f.inboxRows()
+				rows := f.InboxRows()
 				if len(rows) != 2 || !strings.HasPrefix(rows[0], "orders/billing|") || !strings.HasPrefix(rows[1], "orders/shipping|") {
 					t.Fatalf("inbox rows %v", rows)
 				}
@@ -110,10 +110,10 @@ func TestInboxCQRSEventProcessor(t *testing.T) {
 				return
 			}
 			// Shared: the first handler to record the event wins.
-			if ran.Load() != 1 || len(effects) != 1 || f.dups.Load() != 5 {
-				t.Fatalf("handler runs %d, effects %v, duplicates %d; want one run", ran.Load(), effects, f.dups.Load())
+			if ran.Load() != 1 || len(effects) != 1 || f.Duplicates() != 5 {
+				t.Fatalf("handler runs %d, effects %v, duplicates %d; want one run", ran.Load(), effects, f.Duplicates())
 			}
-			if rows := f.inboxRows(); len(rows) != 1 || !strings.HasPrefix(rows[0], "orders|") {
+			if rows := f.InboxRows(); len(rows) != 1 || !strings.HasPrefix(rows[0], "orders|") {
 				t.Fatalf("inbox rows %v", rows)
 			}
 		})

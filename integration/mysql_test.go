@@ -56,20 +56,8 @@ func myEnv(t *testing.T, db *sql.DB, opts mysql.Options) conformance.Env {
 		Sources: []conformance.TxSource{
 			{Name: "database-sql", Begin: stdBegin(prepared)},
 			{Name: "database-sql-interpolateParams", Begin: stdBegin(interpolated)},
-			{Name: "watermill-sql-TxFromStdSQL", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := prepared.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return wmsql.WrapTx(wsql.TxFromStdSQL(tx))
-			}},
-			{Name: "watermill-sql-BeginnerFromStdSQL", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(interpolated)).Begin(ctx, sql.TxOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tx
-			}},
+			{Name: "watermill-sql-TxFromStdSQL", Begin: wmStdBegin(prepared)},
+			{Name: "watermill-sql-BeginnerFromStdSQL", Begin: beginOn(wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(interpolated)))},
 		},
 	}
 }

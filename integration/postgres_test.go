@@ -23,95 +23,119 @@ import (
 	"github.com/millbox/millbox/sqladapters/wmsql"
 )
 
-// pgEnv builds the Postgres conformance environment with every way an
-// application may hold a transaction.
-func pgEnv(t *testing.T) conformance.Env {
-	pool := testenv.Postgres(t)
+// pgDialectEnv is the Postgres environment without transaction sources
+// and inbox handles: what the inbox fixture needs, for the price of a pool.
+func pgDialectEnv(pool *pgxpool.Pool) conformance.Env {
 	db := pgxv5.WrapPool(pool)
-	stdPgx := openSQL(t, "pgx", testenv.PostgresURL())
-	libpq := openSQL(t, "postgres", testenv.PostgresURL())
 	return conformance.Env{
 		DB: db,
 		NewDialect: func(t *testing.T) sqladapters.Dialect {
 			return testenv.PostgresDialect(t, db, pool, postgres.Options{})
 		},
-		NewUnmigratedDialect: func(t *testing.T) sqladapters.Dialect {
-			return postgres.MustNew(postgres.Options{OutboxTable: testenv.UniqueName("missing_"), InboxTable: testenv.UniqueName("missing_inbox_")})
-		},
 		Placeholder: func(n int) string { return "$" + strconv.Itoa(n) },
-		InboxDBs: []conformance.DBSource{
-			{Name: "pgxpool", DB: db},
-			{Name: "database-sql-pgx-stdlib", DB: stdsql.WrapDB(stdPgx)},
-		},
-		InboxLockWaiters: func(ctx context.Context, d sqladapters.Dialect) (int, error) {
-			var n int
-			err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
-				"INSERT INTO "+d.InboxTable()+"%").Scan(&n)
-			return n, err
-		},
-		Sources: []conformance.TxSource{
-			{Name: "pgx.Conn", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				conn, err := pgx.Connect(ctx, testenv.PostgresURL())
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { conn.Close(context.Background()) })
-				tx, err := conn.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return pgxv5.WrapTx(tx)
-			}},
-			{Name: "pgxpool", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := pool.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return pgxv5.WrapTx(tx)
-			}},
-			{Name: "database-sql-pgx-stdlib", Begin: stdBegin(stdPgx)},
-			{Name: "database-sql-lib-pq", Begin: stdBegin(libpq)},
-			{Name: "watermill-sql-TxFromPgx", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := pool.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return wmsql.WrapTx(wsql.TxFromPgx(tx))
-			}},
-			{Name: "watermill-sql-TxFromStdSQL", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := stdPgx.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return wmsql.WrapTx(wsql.TxFromStdSQL(tx))
-			}},
-			{Name: "watermill-sql-BeginnerFromPgx", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := wmsql.WrapBeginner(wsql.BeginnerFromPgx(pool)).Begin(ctx, sql.TxOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tx
-			}},
-			{Name: "watermill-sql-BeginnerFromStdSQL", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(libpq)).Begin(ctx, sql.TxOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tx
-			}},
-		},
 	}
 }
 
-func stdBegin(db *sql.DB) func(t *testing.T, ctx context.Context) sqladapters.Tx {
-	return func(t *testing.T, ctx context.Context) sqladapters.Tx {
+// pgEnv builds the Postgres conformance environment with every way an
+// application may hold a transaction.
+func pgEnv(t *testing.T) conformance.Env {
+	pool := testenv.Postgres(t)
+	env := pgDialectEnv(pool)
+	db := env.DB
+	stdPgx := openSQL(t, "pgx", testenv.PostgresURL())
+	libpq := openSQL(t, "postgres", testenv.PostgresURL())
+	env.NewUnmigratedDialect = func(t *testing.T) sqladapters.Dialect {
+		return postgres.MustNew(postgres.Options{OutboxTable: testenv.UniqueName("missing_"), InboxTable: testenv.UniqueName("missing_inbox_")})
+	}
+	env.InboxDBs = []conformance.DBSource{
+		{Name: "pgxpool", DB: db},
+		{Name: "database-sql-pgx-stdlib", DB: stdsql.WrapDB(stdPgx)},
+	}
+	env.InboxLockWaiters = func(ctx context.Context, d sqladapters.Dialect) (int, error) {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
+			"INSERT INTO "+d.InboxTable()+"%").Scan(&n)
+		return n, err
+	}
+	env.Sources = []conformance.TxSource{
+		{Name: "pgx.Conn", Begin: beginOnOwnConn},
+		{Name: "pgxpool", Begin: beginOn(db)},
+		{Name: "database-sql-pgx-stdlib", Begin: stdBegin(stdPgx)},
+		{Name: "database-sql-lib-pq", Begin: stdBegin(libpq)},
+		{Name: "watermill-sql-TxFromPgx", Begin: func(ctx context.Context) (sqladapters.Tx, error) {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return wmsql.WrapTx(wsql.TxFromPgx(tx)), nil
+		}},
+		{Name: "watermill-sql-TxFromStdSQL", Begin: wmStdBegin(stdPgx)},
+		{Name: "watermill-sql-BeginnerFromPgx", Begin: beginOn(wmsql.WrapBeginner(wsql.BeginnerFromPgx(pool)))},
+		{Name: "watermill-sql-BeginnerFromStdSQL", Begin: beginOn(wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(libpq)))},
+	}
+	return env
+}
+
+// beginOn begins transactions the way an application holding db does.
+func beginOn(db sqladapters.DB) func(ctx context.Context) (sqladapters.Tx, error) {
+	return func(ctx context.Context) (sqladapters.Tx, error) { return db.Begin(ctx, sql.TxOptions{}) }
+}
+
+// stdBegin wraps the *sql.Tx an application began itself.
+func stdBegin(db *sql.DB) func(ctx context.Context) (sqladapters.Tx, error) {
+	return func(ctx context.Context) (sqladapters.Tx, error) {
 		tx, err := db.BeginTx(ctx, nil)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
-		return stdsql.WrapTx(tx)
+		return stdsql.WrapTx(tx), nil
 	}
 }
+
+// wmStdBegin hands watermill-sql the *sql.Tx an application began itself.
+func wmStdBegin(db *sql.DB) func(ctx context.Context) (sqladapters.Tx, error) {
+	return func(ctx context.Context) (sqladapters.Tx, error) {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		return wmsql.WrapTx(wsql.TxFromStdSQL(tx)), nil
+	}
+}
+
+// beginOnOwnConn begins on a pgx.Conn opened for the transaction alone, as
+// an application without a pool does.
+func beginOnOwnConn(ctx context.Context) (sqladapters.Tx, error) {
+	conn, err := pgx.Connect(ctx, testenv.PostgresURL())
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
+	return connTx{Tx: pgxv5.WrapTx(tx), conn: conn}, nil
+}
+
+// connTx closes its connection when it ends: its callers may run in any
+// goroutine and have no test to register the close on.
+type connTx struct {
+	*pgxv5.Tx
+	conn *pgx.Conn
+}
+
+func (c connTx) Commit(ctx context.Context) error {
+	defer c.close()
+	return c.Tx.Commit(ctx)
+}
+
+func (c connTx) Rollback(ctx context.Context) error {
+	defer c.close()
+	return c.Tx.Rollback(ctx)
+}
+
+func (c connTx) close() { _ = c.conn.Close(context.Background()) }
 
 func openSQL(t testing.TB, driver, dsn string) *sql.DB {
 	t.Helper()

@@ -60,20 +60,8 @@ func sqliteEnv(t *testing.T) conformance.Env {
 		Sources: []conformance.TxSource{
 			{Name: "database-sql-modernc", Begin: stdBegin(db)},
 			{Name: "database-sql-modernc-deferred", Begin: stdBegin(deferred)},
-			{Name: "watermill-sql-TxFromStdSQL", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return wmsql.WrapTx(wsql.TxFromStdSQL(tx))
-			}},
-			{Name: "watermill-sql-BeginnerFromStdSQL", Begin: func(t *testing.T, ctx context.Context) sqladapters.Tx {
-				tx, err := wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(db)).Begin(ctx, sql.TxOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tx
-			}},
+			{Name: "watermill-sql-TxFromStdSQL", Begin: wmStdBegin(db)},
+			{Name: "watermill-sql-BeginnerFromStdSQL", Begin: beginOn(wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(db)))},
 		},
 	}
 }

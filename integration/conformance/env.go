@@ -59,11 +59,28 @@ type DBSource struct {
 // TxSource begins transactions the way one kind of application does.
 type TxSource struct {
 	Name string
-	// Begin starts a transaction; it may register cleanup on t.
-	Begin func(t *testing.T, ctx context.Context) sqladapters.Tx
+	// Begin starts a transaction. Suites call it from goroutines other
+	// than the test's too, so it reports failure instead of failing the
+	// test, and whatever it opens for the transaction is released when the
+	// transaction ends.
+	Begin func(ctx context.Context) (sqladapters.Tx, error)
 	// Sequential is true when the source cannot run transactions
 	// concurrently.
 	Sequential bool
+}
+
+// MustBegin is Begin for the test goroutine: it fails the test if the
+// transaction does not begin. It rolls the transaction back after the
+// test, so one that a failing test left open releases its connection and
+// does not block later tests.
+func (s TxSource) MustBegin(t testing.TB, ctx context.Context) sqladapters.Tx {
+	t.Helper()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatalf("begin a transaction with %s: %v", s.Name, err)
+	}
+	t.Cleanup(func() { sqladapters.Rollback(tx) })
+	return tx
 }
 
 // Row is an outbox row read back for assertions.

@@ -130,12 +130,6 @@ func WriteKeyed(t testing.TB, ctx context.Context, src TxSource, d sqladapters.D
 		go func() {
 			defer wg.Done()
 			for seq := 0; seq < perKey; seq += perTx {
-				tx := src.Begin(t.(*testing.T), ctx)
-				pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
-				if err != nil {
-					errs <- err
-					return
-				}
 				var msgs []*message.Message
 				for k := w; k < keys; k += writers {
 					for s := seq; s < min(seq+perTx, perKey); s++ {
@@ -145,12 +139,7 @@ func WriteKeyed(t testing.TB, ctx context.Context, src TxSource, d sqladapters.D
 						msgs = append(msgs, m)
 					}
 				}
-				if err := pub.Publish(topic, msgs...); err != nil {
-					sqladapters.Rollback(tx)
-					errs <- err
-					return
-				}
-				if err := tx.Commit(ctx); err != nil {
+				if err := publishCommitted(ctx, src, d, topic, msgs); err != nil {
 					errs <- err
 					return
 				}
@@ -162,6 +151,25 @@ func WriteKeyed(t testing.TB, ctx context.Context, src TxSource, d sqladapters.D
 	for err := range errs {
 		t.Fatal(err)
 	}
+}
+
+// publishCommitted publishes msgs in one transaction of src and commits
+// it. It returns errors rather than failing a test, for WriteKeyed's
+// goroutines.
+func publishCommitted(ctx context.Context, src TxSource, d sqladapters.Dialect, topic string, msgs []*message.Message) error {
+	tx, err := src.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+	if err == nil {
+		err = pub.Publish(topic, msgs...)
+	}
+	if err != nil {
+		sqladapters.Rollback(tx)
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // StartForwarder runs a forwarder until the test ends.
@@ -210,7 +218,7 @@ func Forwarder(t *testing.T, env Env) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()
 		StartForwarder(t, fast(d, rec))
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		var sent []*message.Message
 		for i := range 50 {
@@ -275,7 +283,7 @@ func Forwarder(t *testing.T, env Env) {
 			}
 			return nil
 		})
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		for _, key := range []string{"bad", "good"} {
 			for s := range 10 {
@@ -308,7 +316,7 @@ func Forwarder(t *testing.T, env Env) {
 			}
 			return nil
 		})
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		var total int
 		for i := range 30 {
@@ -360,7 +368,7 @@ func Forwarder(t *testing.T, env Env) {
 		cfg := fast(d, rec)
 		cfg.KeepForwarded = true
 		StartForwarder(t, cfg)
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		for range 10 {
 			if err := pub.Publish("audit", message.NewMessage(watermill.NewUUID(), nil)); err != nil {

@@ -24,9 +24,9 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
-// waitTimeout guards the inbox suite's waits for asynchronous work against
-// hangs; it is not a performance expectation.
-const waitTimeout = 30 * time.Second
+// WaitTimeout guards waits for asynchronous inbox work against hangs; it
+// is not a performance expectation.
+const WaitTimeout = 30 * time.Second
 
 // Inbox runs the inbox suite: Record's answers for first deliveries,
 // duplicates, rolled-back and concurrent duplicates with every transaction
@@ -63,7 +63,8 @@ func Inbox(t *testing.T, env Env) {
 	t.Run("MissingTable", func(t *testing.T) { inboxMissingTable(t, env) })
 }
 
-var errInjected = errors.New("injected handler failure")
+// ErrInjected is what test handlers return to fail a delivery on purpose.
+var ErrInjected = errors.New("injected handler failure")
 
 func newInbox(t testing.TB, d sqladapters.Dialect) *inbox.Inbox {
 	t.Helper()
@@ -99,11 +100,11 @@ func inboxRecordSuite(t *testing.T, env Env, src TxSource) {
 
 	t.Run("FirstThenDuplicate", func(t *testing.T) {
 		id := watermill.NewUUID()
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		defer sqladapters.Rollback(tx)
 		mustRecord(t, ctx, ib, tx, "billing", id, true)
 		commit(t, ctx, tx)
-		tx = src.Begin(t, ctx)
+		tx = src.MustBegin(t, ctx)
 		defer sqladapters.Rollback(tx)
 		mustRecord(t, ctx, ib, tx, "billing", id, false)
 		// The key is the pair: another consumer has not seen the message.
@@ -112,13 +113,13 @@ func inboxRecordSuite(t *testing.T, env Env, src TxSource) {
 
 	t.Run("RollbackForgets", func(t *testing.T) {
 		id := watermill.NewUUID()
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		defer sqladapters.Rollback(tx)
 		mustRecord(t, ctx, ib, tx, "billing", id, true)
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
-		tx = src.Begin(t, ctx)
+		tx = src.MustBegin(t, ctx)
 		defer sqladapters.Rollback(tx)
 		mustRecord(t, ctx, ib, tx, "billing", id, true)
 	})
@@ -131,20 +132,14 @@ func inboxRecordSuite(t *testing.T, env Env, src TxSource) {
 				t.Skip("source runs one transaction at a time")
 			}
 			id := watermill.NewUUID()
-			a := src.Begin(t, ctx)
+			a := src.MustBegin(t, ctx)
 			defer sqladapters.Rollback(a)
 			mustRecord(t, ctx, ib, a, "billing", id, true)
 			done := make(chan recordResult, 1)
 			started := make(chan struct{})
 			go func() {
-				// Begin may end this goroutine through t.Fatal; the
-				// deferred send still reports it.
-				r := recordResult{err: errors.New("the second transaction did not begin")}
-				defer func() { done <- r }()
 				close(started)
-				tx := src.Begin(t, ctx)
-				defer sqladapters.Rollback(tx)
-				r.first, r.err = ib.Record(ctx, tx, "billing", id)
+				done <- recordAlone(ctx, src, ib, "billing", id)
 			}()
 			<-started
 			waitBlocked(t, ctx, env, d, 1, done)
@@ -168,6 +163,19 @@ func inboxRecordSuite(t *testing.T, env Env, src TxSource) {
 	}
 }
 
+// recordAlone records (consumer, id) in a transaction of its own and
+// reports errors in the result, for goroutines other than the test's. It
+// rolls back before it returns, so the key is free once the result arrives.
+func recordAlone(ctx context.Context, src TxSource, ib *inbox.Inbox, consumer, id string) recordResult {
+	tx, err := src.Begin(ctx)
+	if err != nil {
+		return recordResult{err: err}
+	}
+	defer sqladapters.Rollback(tx)
+	first, err := ib.Record(ctx, tx, consumer, id)
+	return recordResult{first, err}
+}
+
 // waitBlocked returns once n transactions wait on the inbox table of d.
 // Without Env.InboxLockWaiters it pauses briefly. Either way it fails if a
 // result arrives on done first: that transaction did not wait.
@@ -181,7 +189,7 @@ func waitBlocked[T any](t testing.TB, ctx context.Context, env Env, d sqladapter
 		}
 		return
 	}
-	deadline := time.Now().Add(waitTimeout)
+	deadline := time.Now().Add(WaitTimeout)
 	for {
 		waiting, err := env.InboxLockWaiters(ctx, d)
 		if err != nil {
@@ -196,7 +204,7 @@ func waitBlocked[T any](t testing.TB, ctx context.Context, env Env, d sqladapter
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d transactions wait on the inbox key after %v", waiting, n, waitTimeout)
+			t.Fatalf("%d of %d transactions wait on the inbox key after %v", waiting, n, WaitTimeout)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -207,8 +215,8 @@ func receive[T any](t testing.TB, c <-chan T) T {
 	select {
 	case v := <-c:
 		return v
-	case <-time.After(waitTimeout):
-		t.Fatalf("no result after %v", waitTimeout)
+	case <-time.After(WaitTimeout):
+		t.Fatalf("no result after %v", WaitTimeout)
 		panic("unreachable")
 	}
 }
@@ -277,14 +285,14 @@ func waitWaiters(ctx context.Context, env Env, d sqladapters.Dialect, n int) err
 		time.Sleep(50 * time.Millisecond)
 		return nil
 	}
-	deadline := time.Now().Add(waitTimeout)
+	deadline := time.Now().Add(WaitTimeout)
 	for {
 		waiting, err := env.InboxLockWaiters(ctx, d)
 		if err != nil || waiting >= n {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d transactions wait on the inbox key after %v", waiting, n, waitTimeout)
+			return fmt.Errorf("%d of %d transactions wait on the inbox key after %v", waiting, n, WaitTimeout)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -345,29 +353,45 @@ func inboxKeys(t *testing.T, env Env) {
 	})
 }
 
-// inboxFixture is one test's inbox: a migrated dialect, an effects table
+// InboxFixture is one test's inbox: a migrated dialect, an effects table
 // where handlers apply their business effect, and the handle the
-// middleware begins transactions on.
-type inboxFixture struct {
-	t     *testing.T
-	ctx   context.Context
-	env   Env
-	db    sqladapters.DB
-	d     sqladapters.Dialect
-	table string // the effects table
+// middleware begins transactions on. It counts what the middleware it
+// makes reports, so a test can wait for deliveries and then check that
+// every effect happened once.
+type InboxFixture struct {
+	// DB is the handle the middleware begins transactions on.
+	DB sqladapters.DB
+	// Dialect owns the test's inbox and outbox tables.
+	Dialect sqladapters.Dialect
+	// EffectsTable is where ApplyEffect writes, in the database's default
+	// schema.
+	EffectsTable string
 
-	handled atomic.Int64 // handler runs that committed (see markHandled)
+	t   *testing.T
+	ctx context.Context
+	env Env
+
+	handled atomic.Int64 // handler runs that committed (see MarkHandled)
 	dups    atomic.Int64 // duplicates reported by OnDuplicate
 }
 
-func newInboxFixture(t *testing.T, env Env, db sqladapters.DB) *inboxFixture {
+// NewInboxFixture returns a fixture with a dialect and an effects table of
+// its own, whose middleware begins transactions on db.
+func NewInboxFixture(t *testing.T, env Env, db sqladapters.DB) *InboxFixture {
 	t.Helper()
-	f := &inboxFixture{t: t, ctx: context.Background(), env: env, db: db, d: env.NewDialect(t)}
+	d := env.NewDialect(t)
 	// Each application of an effect is a row of its own, so a message
 	// handled twice leaves two rows (and no unique violation that could
 	// hide the second run).
-	f.table = createTable(t, env, "effects_", `id VARCHAR(100) PRIMARY KEY, message_id VARCHAR(100) NOT NULL`)
-	return f
+	table := createTable(t, env, "effects_", `id VARCHAR(100) PRIMARY KEY, message_id VARCHAR(100) NOT NULL`)
+	return AttachInboxFixture(t, env, db, d, table)
+}
+
+// AttachInboxFixture returns a fixture on the dialect and effects table of
+// one that NewInboxFixture made, so that a process that the test starts
+// applies its effects where the test looks for them.
+func AttachInboxFixture(t *testing.T, env Env, db sqladapters.DB, d sqladapters.Dialect, effectsTable string) *InboxFixture {
+	return &InboxFixture{DB: db, Dialect: d, EffectsTable: effectsTable, t: t, ctx: context.Background(), env: env}
 }
 
 // createTable creates a business table with a name unique to the test in
@@ -435,36 +459,37 @@ func (env Env) queryInt(ctx context.Context, e sqladapters.Executor, q string, a
 	return n, rows.Err()
 }
 
-func (f *inboxFixture) queryInt(q string, args ...any) int {
+// ApplyEffect is the business write of a handler, in the transaction the
+// inbox middleware put into ctx.
+func (f *InboxFixture) ApplyEffect(ctx context.Context, messageID string) error {
+	tx, err := sqladapters.TxFromContext(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, f.env.rebind(`INSERT INTO `+f.EffectsTable+` (id, message_id) VALUES (?, ?)`), watermill.NewUUID(), messageID)
+	return err
+}
+
+// Effect returns how often the effect of messageID was committed.
+func (f *InboxFixture) Effect(messageID string) int {
 	f.t.Helper()
-	n, err := f.env.queryInt(f.ctx, f.env.DB, q, args...)
+	n, err := f.CountEffect(messageID)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	return n
 }
 
-// applyEffect is the business write of a handler, in the transaction the
-// inbox middleware put into ctx.
-func (f *inboxFixture) applyEffect(ctx context.Context, messageID string) error {
-	tx, err := sqladapters.TxFromContext(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = tx.Exec(ctx, f.env.rebind(`INSERT INTO `+f.table+` (id, message_id) VALUES (?, ?)`), watermill.NewUUID(), messageID)
-	return err
+// CountEffect is Effect for handlers and other goroutines than the
+// test's, which must not fail the test: it returns the error instead.
+func (f *InboxFixture) CountEffect(messageID string) (int, error) {
+	return f.env.queryInt(f.ctx, f.env.DB, `SELECT count(*) FROM `+f.EffectsTable+` WHERE message_id = ?`, messageID)
 }
 
-// effect returns how often the effect of messageID was committed.
-func (f *inboxFixture) effect(messageID string) int {
+// Effects returns how often each message's effect was committed.
+func (f *InboxFixture) Effects() map[string]int {
 	f.t.Helper()
-	return f.queryInt(`SELECT count(*) FROM `+f.table+` WHERE message_id = ?`, messageID)
-}
-
-// effects returns how often each message's effect was committed.
-func (f *inboxFixture) effects() map[string]int {
-	f.t.Helper()
-	rows, err := f.env.DB.Query(f.ctx, `SELECT message_id, count(*) FROM `+f.table+` GROUP BY message_id`)
+	rows, err := f.env.DB.Query(f.ctx, `SELECT message_id, count(*) FROM `+f.EffectsTable+` GROUP BY message_id`)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -484,11 +509,11 @@ func (f *inboxFixture) effects() map[string]int {
 	return out
 }
 
-// inboxRows returns the committed inbox rows as "consumer|message_id",
+// InboxRows returns the committed inbox rows as "consumer|message_id",
 // sorted.
-func (f *inboxFixture) inboxRows() []string {
+func (f *InboxFixture) InboxRows() []string {
 	f.t.Helper()
-	rows, err := f.env.DB.Query(f.ctx, `SELECT consumer, message_id FROM `+f.d.InboxTable()+` ORDER BY consumer, message_id`)
+	rows, err := f.env.DB.Query(f.ctx, `SELECT consumer, message_id FROM `+f.Dialect.InboxTable()+` ORDER BY consumer, message_id`)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -512,18 +537,26 @@ func (f *inboxFixture) inboxRows() []string {
 // inbox has committed.
 const handledKey = "x_inbox_conformance_handled"
 
-func markHandled(msg *message.Message) { msg.Metadata.Set(handledKey, "1") }
+// MarkHandled records that the handler succeeded for msg. The fixture
+// counts it in Handled only once the transaction committed, so a test that
+// waited for Handled sees the committed effects.
+func MarkHandled(msg *message.Message) { msg.Metadata.Set(handledKey, "1") }
 
-// middleware returns the inbox middleware for consumer, counting
-// duplicates and committed handler runs.
-func (f *inboxFixture) middleware(consumer string) message.HandlerMiddleware {
+// Middleware returns the inbox middleware for consumer on the fixture's
+// DB and dialect, counting duplicates and committed handler runs; edits
+// adjust its config.
+func (f *InboxFixture) Middleware(consumer string, edits ...func(*middleware.InboxConfig)) message.HandlerMiddleware {
 	f.t.Helper()
-	mw, err := middleware.NewInbox(middleware.InboxConfig{
-		DB:          f.db,
-		Dialect:     f.d,
+	cfg := middleware.InboxConfig{
+		DB:          f.DB,
+		Dialect:     f.Dialect,
 		Consumer:    consumer,
 		OnDuplicate: func(*message.Message) { f.dups.Add(1) },
-	})
+	}
+	for _, edit := range edits {
+		edit(&cfg)
+	}
+	mw, err := middleware.NewInbox(cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -540,27 +573,34 @@ func (f *inboxFixture) middleware(consumer string) message.HandlerMiddleware {
 	}
 }
 
-// effectHandler applies the effect of each message under its UUID.
-func (f *inboxFixture) effectHandler(msg *message.Message) error {
-	if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
+// EffectHandler applies the effect of each message under its UUID.
+func (f *InboxFixture) EffectHandler(msg *message.Message) error {
+	if err := f.ApplyEffect(msg.Context(), msg.UUID); err != nil {
 		return err
 	}
-	markHandled(msg)
+	MarkHandled(msg)
 	return nil
 }
 
-// waitDeliveries waits until committed handler runs plus duplicates
+// Handled counts the handler runs that called MarkHandled and committed.
+func (f *InboxFixture) Handled() int64 { return f.handled.Load() }
+
+// Duplicates counts the deliveries the middleware skipped as duplicates.
+func (f *InboxFixture) Duplicates() int64 { return f.dups.Load() }
+
+// WaitDeliveries waits until committed handler runs plus duplicates
 // reach n.
-func (f *inboxFixture) waitDeliveries(n int64) {
+func (f *InboxFixture) WaitDeliveries(n int64) {
 	f.t.Helper()
-	waitFor(f.t, fmt.Sprintf("%d deliveries (handled + duplicates)", n), func() bool {
-		return f.handled.Load()+f.dups.Load() >= n
+	WaitFor(f.t, fmt.Sprintf("%d deliveries (handled + duplicates)", n), func() bool {
+		return f.Handled()+f.Duplicates() >= n
 	})
 }
 
-func waitFor(t testing.TB, what string, cond func() bool) {
+// WaitFor polls cond until it holds, failing the test after WaitTimeout.
+func WaitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
+	deadline := time.Now().Add(WaitTimeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -569,16 +609,18 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-// newGoChannel returns a GoChannel closed after the test (after routers
+// NewGoChannel returns a GoChannel closed after the test (after routers
 // started later, whose cleanups run first).
-func newGoChannel(t testing.TB, persistent bool) *gochannel.GoChannel {
+func NewGoChannel(t testing.TB, persistent bool) *gochannel.GoChannel {
 	t.Helper()
 	gc := gochannel.NewGoChannel(gochannel.Config{Persistent: persistent}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = gc.Close() })
 	return gc
 }
 
-func publishCopies(t testing.TB, pub message.Publisher, topic string, msg *message.Message, n int) {
+// PublishCopies publishes n copies of msg, as a broker that redelivers it
+// would hand them out.
+func PublishCopies(t testing.TB, pub message.Publisher, topic string, msg *message.Message, n int) {
 	t.Helper()
 	for range n {
 		if err := pub.Publish(topic, msg.Copy()); err != nil {
@@ -587,9 +629,10 @@ func publishCopies(t testing.TB, pub message.Publisher, topic string, msg *messa
 	}
 }
 
-// startRouter builds a router, lets configure add handlers and
-// middleware, and runs it until the test ends.
-func startRouter(t testing.TB, configure func(r *message.Router)) {
+// StartRouter builds a router, lets configure add handlers and
+// middleware, and returns it running. Cleanup closes it and waits for Run
+// to return, so a test may also close it early.
+func StartRouter(t testing.TB, configure func(r *message.Router)) *message.Router {
 	t.Helper()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	if err != nil {
@@ -609,37 +652,38 @@ func startRouter(t testing.TB, configure func(r *message.Router)) {
 	case err := <-errc:
 		errc <- err
 		t.Fatalf("router stopped at start: %v", err)
-	case <-time.After(waitTimeout):
+	case <-time.After(WaitTimeout):
 		t.Fatal("router did not start")
 	}
+	return r
 }
 
 func inboxMiddlewareSuite(t *testing.T, env Env, db sqladapters.DB) {
 	t.Run("DeliveredThreeTimes", func(t *testing.T) {
-		f := newInboxFixture(t, env, db)
-		gc := newGoChannel(t, true)
+		f := NewInboxFixture(t, env, db)
+		gc := NewGoChannel(t, true)
 		msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
-		publishCopies(t, gc, "orders", msg, 3)
-		startRouter(t, func(r *message.Router) {
-			r.AddMiddleware(f.middleware("billing"))
-			r.AddConsumerHandler("apply", "orders", gc, f.effectHandler)
+		PublishCopies(t, gc, "orders", msg, 3)
+		StartRouter(t, func(r *message.Router) {
+			r.AddMiddleware(f.Middleware("billing"))
+			r.AddConsumerHandler("apply", "orders", gc, f.EffectHandler)
 		})
-		f.waitDeliveries(3)
-		if h, d := f.handled.Load(), f.dups.Load(); h != 1 || d != 2 {
+		f.WaitDeliveries(3)
+		if h, d := f.Handled(), f.Duplicates(); h != 1 || d != 2 {
 			t.Fatalf("handled %d, duplicates %d; want 1 and 2", h, d)
 		}
-		if n := f.effect(msg.UUID); n != 1 {
+		if n := f.Effect(msg.UUID); n != 1 {
 			t.Fatalf("effect applied %d times", n)
 		}
 		// The consumer is scoped to the router handler.
-		if rows := f.inboxRows(); len(rows) != 1 || rows[0] != "billing/apply|"+msg.UUID {
+		if rows := f.InboxRows(); len(rows) != 1 || rows[0] != "billing/apply|"+msg.UUID {
 			t.Fatalf("inbox rows %v", rows)
 		}
 	})
 
 	t.Run("FailedAttemptLeavesNothing", func(t *testing.T) {
-		f := newInboxFixture(t, env, db)
-		gc := newGoChannel(t, true)
+		f := NewInboxFixture(t, env, db)
+		gc := NewGoChannel(t, true)
 		var mu sync.Mutex
 		attempts := 0
 		leftovers := -1 // rows the failed attempt left committed, seen by the second
@@ -649,11 +693,11 @@ func inboxMiddlewareSuite(t *testing.T, env Env, db sqladapters.DB) {
 			n := attempts
 			mu.Unlock()
 			if n == 2 {
-				e, err := env.queryInt(f.ctx, env.DB, `SELECT count(*) FROM `+f.table)
+				e, err := env.queryInt(f.ctx, env.DB, `SELECT count(*) FROM `+f.EffectsTable)
 				if err != nil {
 					return err
 				}
-				i, err := env.queryInt(f.ctx, env.DB, `SELECT count(*) FROM `+f.d.InboxTable())
+				i, err := env.queryInt(f.ctx, env.DB, `SELECT count(*) FROM `+f.Dialect.InboxTable())
 				if err != nil {
 					return err
 				}
@@ -661,31 +705,31 @@ func inboxMiddlewareSuite(t *testing.T, env Env, db sqladapters.DB) {
 				leftovers = e + i
 				mu.Unlock()
 			}
-			if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
+			if err := f.ApplyEffect(msg.Context(), msg.UUID); err != nil {
 				return err
 			}
 			if n == 1 {
-				return errInjected // nacked: GoChannel delivers it again
+				return ErrInjected // nacked: GoChannel delivers it again
 			}
-			markHandled(msg)
+			MarkHandled(msg)
 			return nil
 		}
 		msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
-		publishCopies(t, gc, "orders", msg, 1)
-		startRouter(t, func(r *message.Router) {
-			r.AddMiddleware(f.middleware("billing"))
+		PublishCopies(t, gc, "orders", msg, 1)
+		StartRouter(t, func(r *message.Router) {
+			r.AddMiddleware(f.Middleware("billing"))
 			r.AddConsumerHandler("apply", "orders", gc, handler)
 		})
-		f.waitDeliveries(1)
+		f.WaitDeliveries(1)
 		mu.Lock()
 		defer mu.Unlock()
 		if leftovers != 0 {
 			t.Fatalf("the failed attempt left %d rows (business + inbox)", leftovers)
 		}
-		if n := f.effect(msg.UUID); n != 1 || attempts != 2 {
+		if n := f.Effect(msg.UUID); n != 1 || attempts != 2 {
 			t.Fatalf("effect %d after %d attempts; want 1 after 2", n, attempts)
 		}
-		if rows := f.inboxRows(); len(rows) != 1 {
+		if rows := f.InboxRows(); len(rows) != 1 {
 			t.Fatalf("inbox rows %v", rows)
 		}
 	})
@@ -694,8 +738,8 @@ func inboxMiddlewareSuite(t *testing.T, env Env, db sqladapters.DB) {
 	// message at the same time (GoChannel gives each subscriber each
 	// message): each effect happens once and no delivery fails.
 	t.Run("ConcurrentDuplicatesTwoRouters", func(t *testing.T) {
-		f := newInboxFixture(t, env, db)
-		gc := newGoChannel(t, false)
+		f := NewInboxFixture(t, env, db)
+		gc := NewGoChannel(t, false)
 		var mu sync.Mutex
 		arrived := map[string]int{}
 		var failures []string
@@ -717,7 +761,7 @@ func inboxMiddlewareSuite(t *testing.T, env Env, db sqladapters.DB) {
 			if msg.Metadata.Get("barrier") == "1" {
 				// Hold this delivery's transaction until the other
 				// router's delivery of the message waits on it.
-				deadline := time.Now().Add(waitTimeout)
+				deadline := time.Now().Add(WaitTimeout)
 				for {
 					mu.Lock()
 					both := arrived[msg.UUID] == 2
@@ -730,22 +774,22 @@ func inboxMiddlewareSuite(t *testing.T, env Env, db sqladapters.DB) {
 					}
 					time.Sleep(2 * time.Millisecond)
 				}
-				if err := waitWaiters(f.ctx, env, f.d, 1); err != nil {
+				if err := waitWaiters(f.ctx, env, f.Dialect, 1); err != nil {
 					return err
 				}
 			}
-			return f.effectHandler(msg)
+			return f.EffectHandler(msg)
 		}
 		for range 2 {
-			startRouter(t, func(r *message.Router) {
-				r.AddMiddleware(observe, f.middleware("billing"))
+			StartRouter(t, func(r *message.Router) {
+				r.AddMiddleware(observe, f.Middleware("billing"))
 				r.AddConsumerHandler("apply", "orders", gc, handler)
 			})
 		}
 		barrier := message.NewMessage(watermill.NewUUID(), nil)
 		barrier.Metadata.Set("barrier", "1")
-		publishCopies(t, gc, "orders", barrier, 1)
-		f.waitDeliveries(2)
+		PublishCopies(t, gc, "orders", barrier, 1)
+		f.WaitDeliveries(2)
 		mu.Lock()
 		if len(failures) != 0 {
 			t.Fatalf("deliveries failed: %v", failures)
@@ -753,25 +797,25 @@ func inboxMiddlewareSuite(t *testing.T, env Env, db sqladapters.DB) {
 		mu.Unlock()
 		const n = 50
 		for range n {
-			publishCopies(t, gc, "orders", message.NewMessage(watermill.NewUUID(), nil), 1)
+			PublishCopies(t, gc, "orders", message.NewMessage(watermill.NewUUID(), nil), 1)
 		}
-		f.waitDeliveries(2 * (n + 1))
+		f.WaitDeliveries(2 * (n + 1))
 		mu.Lock()
 		defer mu.Unlock()
 		if len(failures) != 0 {
 			t.Fatalf("deliveries failed: %v", failures)
 		}
-		if h, d := f.handled.Load(), f.dups.Load(); h != n+1 || d != n+1 {
+		if h, d := f.Handled(), f.Duplicates(); h != n+1 || d != n+1 {
 			t.Fatalf("handled %d, duplicates %d; want %d each", h, d, n+1)
 		}
-		effects := f.effects()
+		effects := f.Effects()
 		for id, c := range effects {
 			if c != 1 {
 				t.Fatalf("effect of %s applied %d times", id, c)
 			}
 		}
-		if len(effects) != n+1 || len(f.inboxRows()) != n+1 {
-			t.Fatalf("%d effects and %d inbox rows, want %d each", len(effects), len(f.inboxRows()), n+1)
+		if len(effects) != n+1 || len(f.InboxRows()) != n+1 {
+			t.Fatalf("%d effects and %d inbox rows, want %d each", len(effects), len(f.InboxRows()), n+1)
 		}
 	})
 }
@@ -780,15 +824,15 @@ func inboxMiddlewareSuite(t *testing.T, env Env, db sqladapters.DB) {
 // follow-up event through the long-lived context outbox publisher. Both
 // commit with the inbox row, or neither does.
 func inboxProduce(t *testing.T, env Env) {
-	f := newInboxFixture(t, env, env.DB)
-	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: f.d})
+	f := NewInboxFixture(t, env, env.DB)
+	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: f.Dialect})
 	if err != nil {
 		t.Fatal(err)
 	}
 	attempts := 0
-	h := f.middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
+	h := f.Middleware("billing")(func(msg *message.Message) ([]*message.Message, error) {
 		attempts++
-		if err := f.applyEffect(msg.Context(), msg.UUID); err != nil {
+		if err := f.ApplyEffect(msg.Context(), msg.UUID); err != nil {
 			return nil, err
 		}
 		ev := message.NewMessage("invoice-"+msg.UUID, []byte(`{"invoice":1}`))
@@ -798,33 +842,33 @@ func inboxProduce(t *testing.T, env Env) {
 			return nil, err
 		}
 		if attempts == 1 {
-			return nil, errInjected
+			return nil, ErrInjected
 		}
 		return nil, nil
 	})
 	msg := message.NewMessage(watermill.NewUUID(), []byte("order"))
 
-	if _, err := h(msg.Copy()); !errors.Is(err, errInjected) {
+	if _, err := h(msg.Copy()); !errors.Is(err, ErrInjected) {
 		t.Fatalf("first attempt: want the handler's error, got %v", err)
 	}
-	if n, pending, rows := f.effect(msg.UUID), ReadPending(t, f.ctx, env.DB, f.d), f.inboxRows(); n != 0 || len(pending) != 0 || len(rows) != 0 {
+	if n, pending, rows := f.Effect(msg.UUID), ReadPending(t, f.ctx, env.DB, f.Dialect), f.InboxRows(); n != 0 || len(pending) != 0 || len(rows) != 0 {
 		t.Fatalf("failed attempt left effect %d, %d outbox rows and inbox rows %v", n, len(pending), rows)
 	}
 
 	if _, err := h(msg.Copy()); err != nil {
 		t.Fatalf("redelivery: %v", err)
 	}
-	pending := ReadPending(t, f.ctx, env.DB, f.d)
+	pending := ReadPending(t, f.ctx, env.DB, f.Dialect)
 	if len(pending) != 1 {
 		t.Fatalf("%d outbox rows after success, want 1", len(pending))
 	}
 	if r := pending[0]; r.Topic != "invoices" || r.UUID != "invoice-"+msg.UUID || string(r.Payload) != `{"invoice":1}` || r.Key != "customer-7" {
 		t.Fatalf("outbox row %+v", r)
 	}
-	if n := f.effect(msg.UUID); n != 1 {
+	if n := f.Effect(msg.UUID); n != 1 {
 		t.Fatalf("effect %d", n)
 	}
-	if rows := f.inboxRows(); len(rows) != 1 || rows[0] != "billing|"+msg.UUID {
+	if rows := f.InboxRows(); len(rows) != 1 || rows[0] != "billing|"+msg.UUID {
 		t.Fatalf("inbox rows %v", rows)
 	}
 
@@ -832,8 +876,8 @@ func inboxProduce(t *testing.T, env Env) {
 	if _, err := h(msg.Copy()); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(ReadPending(t, f.ctx, env.DB, f.d)); n != 1 || attempts != 2 || f.dups.Load() != 1 {
-		t.Fatalf("after a duplicate: %d outbox rows, %d attempts, %d duplicates", n, attempts, f.dups.Load())
+	if n := len(ReadPending(t, f.ctx, env.DB, f.Dialect)); n != 1 || attempts != 2 || f.Duplicates() != 1 {
+		t.Fatalf("after a duplicate: %d outbox rows, %d attempts, %d duplicates", n, attempts, f.Duplicates())
 	}
 }
 
@@ -933,7 +977,7 @@ func inboxCleanerSuite(t *testing.T, env Env) {
 			t.Fatalf("second Run: want ErrRunning, got %v", err)
 		}
 		// Run cleans at start; DefaultRetention (14 days) keeps the 1-day rows.
-		waitFor(t, "the first cleaning round", func() bool { return count(t, d, "old-") == 0 })
+		WaitFor(t, "the first cleaning round", func() bool { return count(t, d, "old-") == 0 })
 		if got := count(t, d, "recent-"); got != 3 {
 			t.Fatalf("%d recent rows left, want 3", got)
 		}

@@ -31,7 +31,7 @@ func Outbox(t *testing.T, env Env) {
 		src := env.Sources[0]
 		d := env.NewUnmigratedDialect(t)
 		ctx := context.Background()
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		defer sqladapters.Rollback(tx)
 		pub := newPub(t, tx, d)
 		err := pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("x")))
@@ -70,7 +70,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 
 	t.Run("RollbackLeavesNoRow", func(t *testing.T) {
 		d := env.NewDialect(t)
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		if err := pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte("a")), message.NewMessage(watermill.NewUUID(), []byte("b"))); err != nil {
 			t.Fatal(err)
@@ -85,7 +85,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 
 	t.Run("CommitKeepsEveryField", func(t *testing.T) {
 		d := env.NewDialect(t)
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		binary := []byte{0x00, 0xff, 0xfe, 'x', 0x00, 0x80}
 		m1 := message.NewMessage(watermill.NewUUID(), binary)
@@ -129,7 +129,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 
 	t.Run("PublishNothingIsNoop", func(t *testing.T) {
 		d := env.NewDialect(t)
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		if err := pub.Publish("orders"); err != nil {
 			t.Fatal(err)
@@ -142,7 +142,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 
 	t.Run("ThousandMessagesInOneCall", func(t *testing.T) {
 		d := env.NewDialect(t)
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		msgs := make([]*message.Message, 1000)
 		for i := range msgs {
@@ -176,7 +176,11 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				tx := src.Begin(t, ctx)
+				tx, err := src.Begin(ctx)
+				if err != nil {
+					errs <- err
+					return
+				}
 				pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
 				if err == nil {
 					for j := range per {
@@ -231,7 +235,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 		if !errors.Is(err, forwarder.ErrNoTx) {
 			t.Fatalf("want ErrNoTx, got %v", err)
 		}
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		m := message.NewMessage(watermill.NewUUID(), []byte("in tx"))
 		m.SetContext(sqladapters.WithTx(ctx, tx))
 		if err := pub.Publish("ctx", m); err != nil {
@@ -259,7 +263,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 		}
 		type OrderPlaced struct{ ID string }
 		// Rolled back: the event is gone with the transaction.
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		if err := bus.Publish(sqladapters.WithTx(ctx, tx), &OrderPlaced{ID: "rolled-back"}); err != nil {
 			t.Fatal(err)
 		}
@@ -267,7 +271,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 			t.Fatal(err)
 		}
 		// Committed: exactly one row, on the bus's topic, with the event.
-		tx = src.Begin(t, ctx)
+		tx = src.MustBegin(t, ctx)
 		if err := bus.Publish(sqladapters.WithTx(ctx, tx), &OrderPlaced{ID: "o-1"}); err != nil {
 			t.Fatal(err)
 		}
@@ -284,7 +288,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 
 	t.Run("FinishedTx", func(t *testing.T) {
 		d := env.NewDialect(t)
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		commit(t, ctx, tx)
 		pub := newPub(t, tx, d)
 		err := pub.Publish("done", message.NewMessage(watermill.NewUUID(), nil))
@@ -298,7 +302,7 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 
 	t.Run("BadMessages", func(t *testing.T) {
 		d := env.NewDialect(t)
-		tx := src.Begin(t, ctx)
+		tx := src.MustBegin(t, ctx)
 		pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d, MaxPayloadBytes: 16})
 		if err != nil {
 			t.Fatal(err)
