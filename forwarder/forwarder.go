@@ -68,10 +68,12 @@ type Forwarder struct {
 	heldKeys        map[string]bool // keys with rows left pending in the last round
 
 	// published rows whose delete is in flight; excluded from reads.
-	ackMu      sync.Mutex
-	ackPending map[int64]struct{}
-	ackCh      chan []int64
-	ackWG      sync.WaitGroup
+	// ackMu also serializes reads, so it guards lastReadFull too.
+	ackMu        sync.Mutex
+	ackPending   map[int64]struct{}
+	lastReadFull bool // the last read filled its batch: a backlog is draining
+	ackCh        chan []int64
+	ackWG        sync.WaitGroup
 }
 
 // New validates cfg and returns a forwarder. It starts nothing: call Run.
@@ -492,7 +494,19 @@ func (f *Forwarder) read(ctx context.Context, owned []int, skip map[int64]bool) 
 	} else {
 		q.Limit += len(skip) + len(f.ackPending)
 	}
-	rows, err := f.cfg.Dialect.SelectPending(q).Query(ctx, f.cfg.DB)
+	// A dialect's read settings are for reads of a backlog; a short read
+	// runs on its own and saves the transaction's round trips.
+	var on sqladapters.Executor = f.cfg.DB
+	if setup, ok := f.cfg.Dialect.(sqladapters.PendingReadSetup); ok && f.lastReadFull {
+		tx, err := f.readTx(ctx, setup.PendingReadSetup())
+		if err != nil {
+			f.ackMu.Unlock()
+			return nil, fmt.Errorf("millbox: read outbox: %w", f.cfg.Dialect.ClassifyError(err))
+		}
+		defer sqladapters.Rollback(tx)
+		on = tx
+	}
+	rows, err := f.cfg.Dialect.SelectPending(q).Query(ctx, on)
 	if err != nil {
 		f.ackMu.Unlock()
 		return nil, fmt.Errorf("millbox: read outbox: %w", f.cfg.Dialect.ClassifyError(err))
@@ -515,7 +529,24 @@ func (f *Forwarder) read(ctx context.Context, owned []int, skip map[int64]bool) 
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("millbox: read outbox: %w", f.cfg.Dialect.ClassifyError(err))
 	}
+	f.lastReadFull = len(out) == f.cfg.BatchSize
 	return out, nil
+}
+
+// readTx begins the read-only transaction a dialect's pending read runs
+// in and applies its settings.
+func (f *Forwarder) readTx(ctx context.Context, setup []sqladapters.Query) (sqladapters.Tx, error) {
+	tx, err := f.cfg.DB.Begin(ctx, sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range setup {
+		if _, err := q.Exec(ctx, tx); err != nil {
+			sqladapters.Rollback(tx)
+			return nil, err
+		}
+	}
+	return tx, nil
 }
 
 type groupResult struct {

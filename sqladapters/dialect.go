@@ -145,6 +145,15 @@ type DeadLetter struct {
 	DeadAt    time.Time
 }
 
+// PendingReadSetup is implemented by a dialect whose reads of a large
+// backlog need transaction-local settings. While draining a backlog (after
+// a read that filled its batch) the forwarder runs SelectPending in a
+// read-only transaction, after the statements PendingReadSetup returns;
+// shorter reads run on their own, without the transaction's round trips.
+type PendingReadSetup interface {
+	PendingReadSetup() []Query
+}
+
 // ForwarderDialect builds the SQL the forwarder and its operations API run.
 //
 // Pending rows are returned in id order, and a row whose key has an earlier

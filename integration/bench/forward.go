@@ -213,10 +213,8 @@ func runForwardNoop(ctx context.Context, o options) error {
 	if err := prefill(ctx, db, d, n, 200, 256); err != nil {
 		return err
 	}
-	if env("ANALYZE", "") != "" {
-		if _, err := pool.Exec(ctx, "ANALYZE "+d.OutboxTable()); err != nil {
-			return err
-		}
+	if err := analyze(ctx, db, d, "postgres"); err != nil {
+		return err
 	}
 	dest := newCounting(n)
 	per, err := millboxForward(ctx, forwarder.Config{DB: db, Dialect: d, Publisher: dest}, dest.all)

@@ -24,8 +24,8 @@ func init() {
 	register("latency", "commit-to-Kafka latency at 1,000 msg/s: millbox vs Watermill's stock forwarder", runLatency)
 }
 
-// millboxToKafka prefills n messages into a fresh Postgres outbox and times
-// one millbox forwarder draining them to a fresh topic.
+// millboxToKafka prefills n messages into a fresh outbox and times
+// o.instances millbox forwarders draining them to a fresh topic.
 func millboxToKafka(ctx context.Context, o options, k *testenv.Kafka, n int, batching bool) (float64, error) {
 	db, d, cleanup, err := benchOutbox(ctx, o)
 	if err != nil {
@@ -33,6 +33,10 @@ func millboxToKafka(ctx context.Context, o options, k *testenv.Kafka, n int, bat
 	}
 	defer cleanup()
 	if err := prefill(ctx, db, d, n, 200, 256); err != nil {
+		return 0, err
+	}
+	// Fresh statistics, as the database would have them on a live outbox.
+	if err := analyze(ctx, db, d, o.db); err != nil {
 		return 0, err
 	}
 	// Rows are written for topic "bench"; each run sends them to a topic
@@ -48,26 +52,52 @@ func millboxToKafka(ctx context.Context, o options, k *testenv.Kafka, n int, bat
 		return 0, err
 	}
 	defer pub.Close()
-	f, err := forwarder.New(forwarder.Config{
-		DB: db, Dialect: d, Publisher: pub, BatchSize: o.batch, Concurrency: o.concurrency,
-		Topic: func(string, *message.Message) (string, error) { return topic, nil },
-	})
-	if err != nil {
-		return 0, err
+	var fs []*forwarder.Forwarder
+	for range max(o.instances, 1) {
+		f, err := forwarder.New(forwarder.Config{
+			DB: db, Dialect: d, Publisher: pub, BatchSize: o.batch, Concurrency: o.concurrency,
+			Topic: func(string, *message.Message) (string, error) { return topic, nil },
+		})
+		if err != nil {
+			return 0, err
+		}
+		fs = append(fs, f)
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, len(fs))
 	start := time.Now()
-	go func() { errc <- f.Run(ctx) }()
+	for _, f := range fs {
+		go func() { errc <- f.Run(ctx) }()
+	}
 	werr := col.WaitN(ctx, n, 10*time.Minute)
 	elapsed := col.LastFirstArrival().Sub(start)
-	_ = f.Close()
-	if err := <-errc; err != nil {
-		return 0, err
+	for _, f := range fs {
+		_ = f.Close()
+	}
+	for range fs {
+		if err := <-errc; err != nil {
+			return 0, err
+		}
 	}
 	if werr != nil {
 		return 0, werr
 	}
 	return float64(n) / elapsed.Seconds(), nil
+}
+
+// analyze refreshes the outbox's planner statistics.
+func analyze(ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, dbName string) error {
+	stmt := "ANALYZE "
+	if dbName == "mysql" {
+		stmt = "ANALYZE TABLE "
+	}
+	rows, err := db.Query(ctx, stmt+d.OutboxTable())
+	if err != nil {
+		return fmt.Errorf("analyze: %w", err)
+	}
+	for rows.Next() {
+	}
+	rows.Close()
+	return rows.Err()
 }
 
 func runForward(ctx context.Context, o options) error {
@@ -77,7 +107,7 @@ func runForward(ctx context.Context, o options) error {
 		return err
 	}
 	defer k.Stop()
-	fmt.Printf("draining %d messages (200 keys, 256-byte payloads) from %s to Kafka (kfake, 8 partitions)\n", n, o.db)
+	fmt.Printf("draining %d messages (200 keys, 256-byte payloads) from %s to Kafka (kfake, 8 partitions), %d millbox forwarder(s)\n", n, o.db, max(o.instances, 1))
 	mill, err := millboxToKafka(ctx, o, k, n, false)
 	if err != nil {
 		return fmt.Errorf("millbox: %w", err)

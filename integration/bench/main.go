@@ -22,6 +22,8 @@ type options struct {
 	amqpURL  string
 	// forwarder tuning, 0 = millbox's defaults
 	batch, concurrency int
+	// forwarder instances sharing the outbox in the forward case
+	instances int
 	// RabbitMQ publisher channel pool, 0 = the bench's default
 	channels int
 }
@@ -48,6 +50,7 @@ func main() {
 	flag.StringVar(&o.amqpURL, "amqp", env("MILLBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.IntVar(&o.batch, "batch", 0, "millbox forwarder BatchSize (0 = default)")
 	flag.IntVar(&o.concurrency, "concurrency", 0, "millbox forwarder Concurrency (0 = default)")
+	flag.IntVar(&o.instances, "instances", 1, "forward: millbox forwarders sharing the outbox (they split its partitions)")
 	flag.IntVar(&o.channels, "channels", 0, "RabbitMQ publisher channel pool size (0 = 64)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Usage = func() {

@@ -33,6 +33,19 @@ ORDER BY o.id LIMIT ` + strconv.Itoa(q.Limit))
 	return sqladapters.Query{SQL: b.String(), Args: args}
 }
 
+// PendingReadSetup turns JIT compilation off for reads of a backlog.
+//
+// The planner has no statistics for key_hash % Partitions and guesses
+// that few rows match, so the read's estimated cost passes
+// jit_above_cost once the outbox holds tens of thousands of rows.
+// PostgreSQL then compiles the plan with LLVM on every execution: 30–175
+// ms per read of 2,000 rows that takes 1–3 ms to run, which cut three
+// forwarders draining 200,000 rows from about 55,000 msg/s to 17,000.
+// SET LOCAL confines the setting to the read's transaction.
+func (d *Dialect) PendingReadSetup() []sqladapters.Query {
+	return []sqladapters.Query{{SQL: `SET LOCAL jit = off`}}
+}
+
 // CompleteForwarded deletes published rows, or stamps published_at.
 func (d *Dialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
 	if keep {
