@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -439,6 +440,18 @@ func TestMySQLForwarderStatements(t *testing.T) {
 				if r["type"] == "ALL" || r["key"] != want {
 					t.Fatalf("table %s: access %s via %q, want index %s\n%v\n%s", r["table"], r["type"], r["key"], want, plan, sel.SQL)
 				}
+			}
+			if q.Owned == nil {
+				continue
+			}
+			// An instance owning some partitions tests each row's partition
+			// in the index, not in the row.
+			var js string
+			if err := raw.QueryRowContext(o.ctx, "EXPLAIN FORMAT=JSON "+sel.SQL, sel.Args...).Scan(&js); err != nil {
+				t.Fatal(err)
+			}
+			if !regexp.MustCompile(`"index_condition":\s*"[^"]*key_hash`).MatchString(js) {
+				t.Fatalf("the partition test is not pushed into state_idx:\n%s", js)
 			}
 		}
 	})

@@ -82,9 +82,10 @@
 // deleted rows may come back after a restart on those versions.
 //
 // MySQL has no partial indexes; stored generated columns stand in for
-// them. state (pending, dead or published) is indexed with id: the
-// forwarder reads pending rows in id order and pages dead letters through
-// it. retry_hash is the key hash of a pending row waiting for a retry and
+// them. state (pending, dead or published) is indexed with id and
+// key_hash: the forwarder reads pending rows in id order through it,
+// testing each row's partition in the index, and pages dead letters
+// through it. retry_hash is the key hash of a pending row waiting for a retry and
 // NULL otherwise, so the check that holds a key's later rows behind its
 // retry is one lookup in a small index, however large the backlog. The
 // forwarder's read names both indexes (FORCE INDEX): going by statistics,

@@ -26,7 +26,10 @@ func (d *Dialect) Migrations() []sqladapters.Migration {
 			// MySQL has no partial indexes; generated columns stand in for
 			// them. state is derived from published_at and dead_at (0
 			// pending, 1 dead, 2 published) so that one index serves the
-			// pending scan and the dead-letter pages in id order.
+			// pending scan and the dead-letter pages in id order. key_hash
+			// in state_idx lets the scan test a row's partition in the
+			// index (index condition pushdown) instead of fetching the rows
+			// of partitions other instances own.
 			// retry_hash is the key hash of a pending row that has failed at
 			// least once and NULL otherwise, so retry_idx holds only the rows
 			// waiting for a retry: a key with such a row holds its later rows
@@ -50,7 +53,7 @@ func (d *Dialect) Migrations() []sqladapters.Migration {
 	state           TINYINT GENERATED ALWAYS AS (CASE WHEN published_at IS NOT NULL THEN 2 WHEN dead_at IS NOT NULL THEN 1 ELSE 0 END) STORED,
 	retry_hash      INT GENERATED ALWAYS AS (CASE WHEN attempts > 0 AND published_at IS NULL AND dead_at IS NULL THEN key_hash END) STORED,
 	PRIMARY KEY (id),
-	KEY state_idx (state, id),
+	KEY state_idx (state, id, key_hash),
 	KEY retry_idx (retry_hash, next_attempt_at)
 )` + tableOptions,
 			`CREATE TABLE IF NOT EXISTS ` + d.leases + ` (
