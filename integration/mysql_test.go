@@ -14,6 +14,7 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	mysqldrv "github.com/go-sql-driver/mysql"
 
+	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
@@ -598,23 +599,11 @@ func TestMySQLForwarderStatements(t *testing.T) {
 
 func myDeadLetters(t *testing.T, o *myOps, after int64, limit int) []sqladapters.DeadLetter {
 	t.Helper()
-	rows, err := o.d.ListDeadLetters(after, limit).Query(o.ctx, o.db)
+	dead, err := forwarder.DeadLetters(o.ctx, o.db, o.d, after, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	var out []sqladapters.DeadLetter
-	for rows.Next() {
-		var dl sqladapters.DeadLetter
-		var key sql.NullString
-		if err := rows.Scan(&dl.ID, &dl.Topic, &dl.UUID, &dl.Payload, &dl.Metadata, &key, &dl.Attempts,
-			&dl.LastError, &dl.CreatedAt, &dl.DeadAt); err != nil {
-			t.Fatal(err)
-		}
-		dl.Key = key.String
-		out = append(out, dl)
-	}
-	return out
+	return dead
 }
 
 // explainRows reads EXPLAIN output as one column map per row.

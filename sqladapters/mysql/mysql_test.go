@@ -13,6 +13,7 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
 )
 
 func TestMySQLNewDefaults(t *testing.T) {
@@ -52,7 +53,7 @@ func TestMySQLDatabaseQualifiesEveryName(t *testing.T) {
 	if d.Database() != "app" {
 		t.Fatalf("Database() = %q", d.Database())
 	}
-	for name, q := range allQueries(d) {
+	for name, q := range dialecttest.Statements(d) {
 		for _, tbl := range regexp.MustCompile("(?i)(?:FROM|INTO|UPDATE|TABLE(?: IF NOT EXISTS)?) +(`[^`]+`(?:\\.`[^`]+`)?)").FindAllStringSubmatch(q.SQL, -1) {
 			if !strings.HasPrefix(tbl[1], "`app`.") {
 				t.Fatalf("%s: unqualified table %s in\n%s", name, tbl[1], q.SQL)
@@ -138,52 +139,6 @@ func TestMySQLMustNewPanics(t *testing.T) {
 	MustNew(Options{OutboxTable: "bad name"})
 }
 
-// allQueries returns one of every statement the dialect builds.
-func allQueries(d *Dialect) map[string]sqladapters.Query {
-	msgs := []sqladapters.OutboxMessage{{Topic: "t", UUID: "u", Payload: []byte("p"), Metadata: []byte(`{}`), Key: "k", KeyHash: 3}}
-	lock, unlock := d.LockMigrations()
-	qs := map[string]sqladapters.Query{
-		"Lock":               lock,
-		"Unlock":             unlock,
-		"AppliedMigrations":  d.AppliedMigrations(),
-		"RecordMigration":    d.RecordMigration(1, "x"),
-		"InsertOutbox":       d.InsertOutbox(msgs)[0],
-		"SelectPending":      d.SelectPending(sqladapters.PendingQuery{Limit: 10}),
-		"SelectPendingOwned": d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Limit: 10}),
-		"SelectPendingNone":  d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 10}),
-		"CompleteDelete":     d.CompleteForwarded([]int64{1, 2}, false),
-		"CompleteKeep":       d.CompleteForwarded([]int64{1, 2}, true),
-		"CompleteNone":       d.CompleteForwarded(nil, false),
-		"RecordFailure":      d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Backoff: time.Second}),
-		"RecordFailureDead":  d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Dead: true}),
-		"ListDeadLetters":    d.ListDeadLetters(0, 10),
-		"RequeueAll":         d.RequeueDeadLetters(nil),
-		"RequeueSome":        d.RequeueDeadLetters([]int64{1}),
-		"RequeueNone":        d.RequeueDeadLetters([]int64{}),
-		"EnsurePartitions":   d.EnsurePartitions(4)[0],
-		"CountPartitions":    d.CountPartitions(),
-		"Heartbeat":          d.Heartbeat("i", time.Second),
-		"CountMembers":       d.CountMembers(),
-		"RemoveMember":       d.RemoveMember("i"),
-		"ClaimPartitions":    d.ClaimPartitions("i", time.Second, 2),
-		"RenewPartitions":    d.RenewPartitions("i", time.Second),
-		"OwnedPartitions":    d.OwnedPartitions("i"),
-		"ReleasePartitions":  d.ReleasePartitions("i", []int{0, 1}),
-		"ReleaseNone":        d.ReleasePartitions("i", nil),
-		"InsertInbox":        d.InsertInbox("c", "m"),
-		"DeleteInboxBefore":  d.DeleteInboxBefore(time.Now(), 10),
-	}
-	for i, q := range d.CreateMigrationsTable() {
-		qs[fmt.Sprint("CreateMigrationsTable", i)] = q
-	}
-	for _, m := range d.Migrations() {
-		for i, s := range m.Statements {
-			qs[fmt.Sprintf("Migration%d.%d", m.Version, i)] = sqladapters.Query{SQL: s}
-		}
-	}
-	return qs
-}
-
 var stringLiteral = regexp.MustCompile(`'[^']*'`)
 
 // TestMySQLPlaceholdersMatchArgs checks every statement: as many ? as
@@ -191,7 +146,7 @@ var stringLiteral = regexp.MustCompile(`'[^']*'`)
 func TestMySQLPlaceholdersMatchArgs(t *testing.T) {
 	for _, opts := range []Options{{}, {SkipLocked: true, Database: "app"}} {
 		d := MustNew(opts)
-		for name, q := range allQueries(d) {
+		for name, q := range dialecttest.Statements(d) {
 			sql := stringLiteral.ReplaceAllString(q.SQL, "''")
 			if n := strings.Count(sql, "?"); n != len(q.Args) {
 				t.Errorf("%s: %d placeholders, %d args:\n%s", name, n, len(q.Args), q.SQL)

@@ -2,10 +2,13 @@ package postgres_test
 
 import (
 	"errors"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
@@ -81,3 +84,32 @@ type pgErr string
 
 func (e pgErr) Error() string    { return "pg error " + string(e) }
 func (e pgErr) SQLState() string { return string(e) }
+
+// TestEveryStatementBindsItsArgsAndQualifiesItsTables checks each statement
+// the dialect builds: its placeholders are exactly $1..$n for n arguments,
+// and every table it names is quoted and in the configured schema.
+func TestEveryStatementBindsItsArgsAndQualifiesItsTables(t *testing.T) {
+	d := postgres.MustNew(postgres.Options{Schema: "app", OutboxTable: "events"})
+	placeholder := regexp.MustCompile(`\$(\d+)`)
+	table := regexp.MustCompile(`(?i)\b(?:FROM|INTO|UPDATE|JOIN|TABLE(?: IF NOT EXISTS)?|ON) +("[^"]+"(?:\."[^"]+")?)`)
+	for name, q := range dialecttest.Statements(d) {
+		seen := map[int]bool{}
+		for _, m := range placeholder.FindAllStringSubmatch(q.SQL, -1) {
+			n, _ := strconv.Atoi(m[1])
+			seen[n] = true
+		}
+		if len(seen) != len(q.Args) {
+			t.Errorf("%s: %d distinct placeholders, %d args:\n%s", name, len(seen), len(q.Args), q.SQL)
+		}
+		for i := 1; i <= len(q.Args); i++ {
+			if !seen[i] {
+				t.Errorf("%s: $%d unused:\n%s", name, i, q.SQL)
+			}
+		}
+		for _, m := range table.FindAllStringSubmatch(q.SQL, -1) {
+			if !strings.HasPrefix(m[1], `"app".`) {
+				t.Errorf("%s: table %s outside the schema:\n%s", name, m[1], q.SQL)
+			}
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
 )
 
 func TestSQLiteNewDefaults(t *testing.T) {
@@ -71,49 +72,10 @@ func TestSQLiteMustNewPanics(t *testing.T) {
 	MustNew(Options{OutboxTable: "bad name"})
 }
 
-// allQueries returns one of every statement the dialect builds.
-func allQueries(d *Dialect) map[string]sqladapters.Query {
-	msgs := []sqladapters.OutboxMessage{{Topic: "t", UUID: "u", Payload: []byte("p"), Metadata: []byte(`{}`), Key: "k", KeyHash: 3}}
-	lock, unlock := d.LockMigrations()
-	qs := map[string]sqladapters.Query{
-		"Lock":               lock,
-		"Unlock":             unlock,
-		"AppliedMigrations":  d.AppliedMigrations(),
-		"RecordMigration":    d.RecordMigration(1, "x"),
-		"InsertOutbox":       d.InsertOutbox(msgs)[0],
-		"SelectPending":      d.SelectPending(sqladapters.PendingQuery{Limit: 10}),
-		"SelectPendingAll":   d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 2}, Limit: 10}),
-		"CompleteDelete":     d.CompleteForwarded([]int64{1, 2}, false),
-		"CompleteKeep":       d.CompleteForwarded([]int64{1, 2}, true),
-		"RecordFailure":      d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "boom", Backoff: time.Second, Dead: true}),
-		"ListDeadLetters":    d.ListDeadLetters(0, 10),
-		"RequeueAll":         d.RequeueDeadLetters(nil),
-		"RequeueSome":        d.RequeueDeadLetters([]int64{1}),
-		"EnsurePartitions":   d.EnsurePartitions(4)[0],
-		"CountPartitions":    d.CountPartitions(),
-		"Heartbeat":          d.Heartbeat("i", time.Second),
-		"CountMembers":       d.CountMembers(),
-		"RemoveMember":       d.RemoveMember("i"),
-		"ClaimPartitions":    d.ClaimPartitions("i", time.Second, 2),
-		"RenewPartitions":    d.RenewPartitions("i", time.Second),
-		"OwnedPartitions":    d.OwnedPartitions("i"),
-		"ReleasePartitions":  d.ReleasePartitions("i", []int{1}),
-		"InsertInbox":        d.InsertInbox("c", "m"),
-		"DeleteInboxBefore":  d.DeleteInboxBefore(time.Now(), 10),
-		"CreateMigrationsTb": d.CreateMigrationsTable()[0],
-	}
-	for _, m := range d.Migrations() {
-		for i, s := range m.Statements {
-			qs[fmt.Sprintf("migration %d.%d", m.Version, i)] = sqladapters.Query{SQL: s}
-		}
-	}
-	return qs
-}
-
 // TestSQLitePlaceholdersMatchArgs checks every statement binds exactly its
 // arguments: no SQL text of the dialect contains a literal question mark.
 func TestSQLitePlaceholdersMatchArgs(t *testing.T) {
-	for name, q := range allQueries(MustNew(Options{})) {
+	for name, q := range dialecttest.Statements(MustNew(Options{})) {
 		if n := strings.Count(q.SQL, "?"); n != len(q.Args) {
 			t.Errorf("%s: %d placeholders, %d args\n%s", name, n, len(q.Args), q.SQL)
 		}
@@ -125,7 +87,7 @@ func TestSQLitePlaceholdersMatchArgs(t *testing.T) {
 
 func TestSQLiteNamesAreQuotedEverywhere(t *testing.T) {
 	d := MustNew(Options{OutboxTable: "Ev_Out", InboxTable: "ev_in"})
-	for name, q := range allQueries(d) {
+	for name, q := range dialecttest.Statements(d) {
 		for _, ident := range []string{"Ev_Out", "ev_in"} {
 			for i := strings.Index(q.SQL, ident); i >= 0; {
 				if i == 0 || q.SQL[i-1] != '"' {

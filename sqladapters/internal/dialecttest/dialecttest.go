@@ -1,0 +1,65 @@
+package dialecttest
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// Statements returns one of every statement d builds, by name, plus the
+// edge cases that change the SQL text: no owned partitions, and empty id
+// and partition lists.
+func Statements(d sqladapters.Dialect) map[string]sqladapters.Query {
+	msgs := []sqladapters.OutboxMessage{{Topic: "t", UUID: "u", Payload: []byte("p"), Metadata: []byte(`{}`), Key: "k", KeyHash: 3}}
+	lock, unlock := d.LockMigrations()
+	qs := map[string]sqladapters.Query{
+		"Lock":               lock,
+		"Unlock":             unlock,
+		"AppliedMigrations":  d.AppliedMigrations(),
+		"RecordMigration":    d.RecordMigration(1, "x"),
+		"InsertOutbox":       d.InsertOutbox(msgs)[0],
+		"SelectPending":      d.SelectPending(sqladapters.PendingQuery{Limit: 10}),
+		"SelectPendingOwned": d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Limit: 10}),
+		"SelectPendingNone":  d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 10}),
+		"SelectPendingExcl":  d.SelectPending(sqladapters.PendingQuery{Exclude: []int64{5, 6}, Limit: 10}),
+		"CompleteDelete":     d.CompleteForwarded([]int64{1, 2}, false),
+		"CompleteKeep":       d.CompleteForwarded([]int64{1, 2}, true),
+		"CompleteNone":       d.CompleteForwarded(nil, false),
+		"RecordFailure":      d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Backoff: time.Second}),
+		"RecordFailureDead":  d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Dead: true}),
+		"ListDeadLetters":    d.ListDeadLetters(0, 10),
+		"CountOutbox":        d.CountOutbox(),
+		"RequeueAll":         d.RequeueDeadLetters(nil),
+		"RequeueSome":        d.RequeueDeadLetters([]int64{1}),
+		"RequeueNone":        d.RequeueDeadLetters([]int64{}),
+		"CountPartitions":    d.CountPartitions(),
+		"Heartbeat":          d.Heartbeat("i", time.Second),
+		"CountMembers":       d.CountMembers(),
+		"RemoveMember":       d.RemoveMember("i"),
+		"ClaimPartitions":    d.ClaimPartitions("i", time.Second, 2),
+		"RenewPartitions":    d.RenewPartitions("i", time.Second),
+		"OwnedPartitions":    d.OwnedPartitions("i"),
+		"ReleasePartitions":  d.ReleasePartitions("i", []int{0, 1}),
+		"ReleaseNone":        d.ReleasePartitions("i", nil),
+		"InsertInbox":        d.InsertInbox("c", "m"),
+		"DeleteInboxBefore":  d.DeleteInboxBefore(time.Now(), 10),
+	}
+	if s, ok := d.(sqladapters.PendingReadSetup); ok {
+		for i, q := range s.PendingReadSetup() {
+			qs[fmt.Sprint("PendingReadSetup", i)] = q
+		}
+	}
+	for i, q := range d.EnsurePartitions(4) {
+		qs[fmt.Sprint("EnsurePartitions", i)] = q
+	}
+	for i, q := range d.CreateMigrationsTable() {
+		qs[fmt.Sprint("CreateMigrationsTable", i)] = q
+	}
+	for _, m := range d.Migrations() {
+		for i, s := range m.Statements {
+			qs[fmt.Sprintf("Migration%d.%d", m.Version, i)] = sqladapters.Query{SQL: s}
+		}
+	}
+	return qs
+}
