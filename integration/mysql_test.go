@@ -96,24 +96,7 @@ func TestMySQLMigrations(t *testing.T) {
 
 	t.Run("FreshRerunAndPrintedSQL", func(t *testing.T) {
 		d := mysql.MustNew(testenv.MySQLNames(t, raw, mysql.Options{}))
-		rec := &recordingDB{DB: db}
-		if err := sqladapters.Migrate(ctx, rec, d); err != nil {
-			t.Fatal(err)
-		}
-		var applied []string
-		for _, m := range d.Migrations() {
-			applied = append(applied, m.Statements...)
-		}
-		if got := rec.statementsIn(applied); len(got) != len(applied) {
-			t.Fatalf("Migrate ran %d of the %d printed statements", len(got), len(applied))
-		}
-		rec2 := &recordingDB{DB: db}
-		if err := sqladapters.Migrate(ctx, rec2, d); err != nil {
-			t.Fatal(err)
-		}
-		if got := rec2.statementsIn(applied); len(got) != 0 {
-			t.Fatalf("re-run applied %d schema statements", len(got))
-		}
+		migrateTwice(t, ctx, db, d)
 		// The printed script, run by another tool (here one multi-statement
 		// call), creates the same columns and indexes.
 		d2 := mysql.MustNew(testenv.MySQLNames(t, raw, mysql.Options{}))
@@ -245,94 +228,9 @@ ORDER BY 1`, prefix+"%", prefix+"%")
 	return strings.Join(lines, "\n")
 }
 
-// myOps runs dialect statements on the test database.
-type myOps struct {
-	t   *testing.T
-	ctx context.Context
-	db  sqladapters.DB
-	d   *mysql.Dialect
-}
-
-func newMyOps(t *testing.T, opts mysql.Options) *myOps {
+func newMyOps(t *testing.T, opts mysql.Options) *dialectOps {
 	raw := testenv.MySQL(t)
-	return &myOps{t: t, ctx: testenv.Ctx(t, time.Minute), db: stdsql.WrapDB(raw), d: testenv.MySQLDialect(t, raw, opts)}
-}
-
-func (o *myOps) exec(q sqladapters.Query) int64 {
-	o.t.Helper()
-	n, err := q.Exec(o.ctx, o.db)
-	if err != nil {
-		o.t.Fatalf("%s: %v", q.SQL, o.d.ClassifyError(err))
-	}
-	return n
-}
-
-func (o *myOps) ints(q sqladapters.Query) []int64 {
-	o.t.Helper()
-	rows, err := q.Query(o.ctx, o.db)
-	if err != nil {
-		o.t.Fatalf("%s: %v", q.SQL, err)
-	}
-	defer rows.Close()
-	out := []int64{}
-	for rows.Next() {
-		var v int64
-		if err := rows.Scan(&v); err != nil {
-			o.t.Fatal(err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		o.t.Fatal(err)
-	}
-	return out
-}
-
-// insert writes one row per message and returns their ids.
-func (o *myOps) insert(msgs ...sqladapters.OutboxMessage) []int64 {
-	o.t.Helper()
-	before := map[string]bool{}
-	for _, r := range o.pending(sqladapters.PendingQuery{Limit: 1 << 20}) {
-		before[r.UUID] = true
-	}
-	for i := range msgs {
-		msgs[i].Topic, msgs[i].Metadata = "t", []byte("{}")
-	}
-	for _, q := range o.d.InsertOutbox(msgs) {
-		o.exec(q)
-	}
-	byUUID := map[string]int64{}
-	for _, r := range o.pending(sqladapters.PendingQuery{Limit: 1 << 20}) {
-		byUUID[r.UUID] = r.ID
-	}
-	ids := make([]int64, len(msgs))
-	for i, m := range msgs {
-		ids[i] = byUUID[m.UUID]
-	}
-	return ids
-}
-
-// pending returns the rows SelectPending returns, as "uuid" strings in
-// order, and the rows.
-func (o *myOps) pending(q sqladapters.PendingQuery) []conformance.Row {
-	o.t.Helper()
-	rows, err := o.d.SelectPending(q).Query(o.ctx, o.db)
-	if err != nil {
-		o.t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []conformance.Row
-	for rows.Next() {
-		var r conformance.Row
-		var md []byte
-		var key sql.NullString
-		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &md, &key, &r.Attempts); err != nil {
-			o.t.Fatal(err)
-		}
-		r.Key = key.String
-		out = append(out, r)
-	}
-	return out
+	return &dialectOps{t: t, ctx: testenv.Ctx(t, time.Minute), db: stdsql.WrapDB(raw), d: testenv.MySQLDialect(t, raw, opts)}
 }
 
 func uuidsOf(rows []conformance.Row) string {
@@ -597,7 +495,7 @@ func TestMySQLForwarderStatements(t *testing.T) {
 	}
 }
 
-func myDeadLetters(t *testing.T, o *myOps, after int64, limit int) []sqladapters.DeadLetter {
+func myDeadLetters(t *testing.T, o *dialectOps, after int64, limit int) []sqladapters.DeadLetter {
 	t.Helper()
 	dead, err := forwarder.DeadLetters(o.ctx, o.db, o.d, after, limit)
 	if err != nil {

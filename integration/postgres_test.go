@@ -165,25 +165,7 @@ func TestPostgresMigrations(t *testing.T) {
 
 	t.Run("FreshRerunAndPrintedSQL", func(t *testing.T) {
 		d := postgres.MustNew(postgres.Options{Schema: testenv.PostgresSchema(t, pool)})
-		rec := &recordingDB{DB: db}
-		if err := sqladapters.Migrate(ctx, rec, d); err != nil {
-			t.Fatal(err)
-		}
-		var applied []string
-		for _, m := range d.Migrations() {
-			applied = append(applied, m.Statements...)
-		}
-		if got := rec.statementsIn(applied); len(got) != len(applied) {
-			t.Fatalf("Migrate ran %d of the %d printed statements", len(got), len(applied))
-		}
-		// A re-run applies nothing.
-		rec2 := &recordingDB{DB: db}
-		if err := sqladapters.Migrate(ctx, rec2, d); err != nil {
-			t.Fatal(err)
-		}
-		if got := rec2.statementsIn(applied); len(got) != 0 {
-			t.Fatalf("re-run applied %d schema statements", len(got))
-		}
+		migrateTwice(t, ctx, db, d)
 		// The printed script, applied by another tool to another schema,
 		// creates the same tables and columns.
 		other := testenv.PostgresSchema(t, pool)
@@ -253,6 +235,30 @@ FROM information_schema.columns WHERE table_schema = $1 AND table_name NOT LIKE 
 }
 
 // recordingDB records the statements run through it and its transactions.
+// migrateTwice migrates a fresh installation of d and checks that Migrate
+// ran every statement Migrations lists, and that a second run applies none.
+func migrateTwice(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladapters.Dialect) {
+	t.Helper()
+	var applied []string
+	for _, m := range d.Migrations() {
+		applied = append(applied, m.Statements...)
+	}
+	rec := &recordingDB{DB: db}
+	if err := sqladapters.Migrate(ctx, rec, d); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.statementsIn(applied); len(got) != len(applied) {
+		t.Fatalf("Migrate ran %d of the %d printed statements", len(got), len(applied))
+	}
+	rec = &recordingDB{DB: db}
+	if err := sqladapters.Migrate(ctx, rec, d); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.statementsIn(applied); len(got) != 0 {
+		t.Fatalf("re-run applied %d schema statements", len(got))
+	}
+}
+
 type recordingDB struct {
 	sqladapters.DB
 	mu    sync.Mutex

@@ -81,17 +81,14 @@ func TestSQLiteInboxConformance(t *testing.T) {
 // liteFixture is one database file with a migrated dialect on it, opened
 // through both pools.
 type liteFixture struct {
-	t        *testing.T
-	ctx      context.Context
+	dialectOps
 	path     string
 	sql      *sql.DB // BEGIN IMMEDIATE
 	deferred *sql.DB // BEGIN DEFERRED
-	db       sqladapters.DB
-	d        *sqlite.Dialect
 }
 
 func newLiteFixture(t *testing.T) *liteFixture {
-	f := &liteFixture{t: t, ctx: testenv.Ctx(t, time.Minute), path: testenv.SQLitePath(t)}
+	f := &liteFixture{dialectOps: dialectOps{t: t, ctx: testenv.Ctx(t, time.Minute)}, path: testenv.SQLitePath(t)}
 	f.sql = testenv.SQLite(t, f.path)
 	f.deferred = sqliteDeferred(t, f.path)
 	f.db = stdsql.WrapDB(f.sql)
@@ -99,74 +96,9 @@ func newLiteFixture(t *testing.T) *liteFixture {
 	return f
 }
 
-func (f *liteFixture) exec(q sqladapters.Query) int64 {
-	f.t.Helper()
-	n, err := q.Exec(f.ctx, f.db)
-	if err != nil {
-		f.t.Fatalf("%v\n%s", f.d.ClassifyError(err), q.SQL)
-	}
-	return n
-}
-
-// ints runs q and returns its first column.
-func (f *liteFixture) ints(q sqladapters.Query) []int64 {
-	f.t.Helper()
-	rows, err := q.Query(f.ctx, f.db)
-	if err != nil {
-		f.t.Fatalf("%v\n%s", f.d.ClassifyError(err), q.SQL)
-	}
-	defer rows.Close()
-	var out []int64
-	for rows.Next() {
-		var v int64
-		if err := rows.Scan(&v); err != nil {
-			f.t.Fatal(err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		f.t.Fatal(err)
-	}
-	return out
-}
-
 func (f *liteFixture) count(table, where string) int64 {
 	f.t.Helper()
 	return f.ints(sqladapters.Query{SQL: `SELECT count(*) FROM ` + table + ` WHERE ` + where})[0]
-}
-
-func (f *liteFixture) insert(msgs ...sqladapters.OutboxMessage) []int64 {
-	f.t.Helper()
-	before := f.ints(sqladapters.Query{SQL: `SELECT coalesce(max(id), 0) FROM ` + f.d.OutboxTable()})[0]
-	for _, q := range f.d.InsertOutbox(msgs) {
-		f.exec(q)
-	}
-	return f.ints(sqladapters.Query{SQL: `SELECT id FROM ` + f.d.OutboxTable() + ` WHERE id > ? ORDER BY id`, Args: []any{before}})
-}
-
-func (f *liteFixture) pending(q sqladapters.PendingQuery) []int64 {
-	f.t.Helper()
-	if q.Limit == 0 {
-		q.Limit = 1000
-	}
-	rows, err := f.d.SelectPending(q).Query(f.ctx, f.db)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer rows.Close()
-	var ids []int64
-	for rows.Next() {
-		var r sqladapters.OutboxRow
-		var key sql.NullString
-		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts); err != nil {
-			f.t.Fatal(err)
-		}
-		ids = append(ids, r.ID)
-	}
-	if err := rows.Err(); err != nil {
-		f.t.Fatal(err)
-	}
-	return ids
 }
 
 func msg(uuid, key string, hash int32) sqladapters.OutboxMessage {
@@ -188,11 +120,11 @@ func TestSQLiteForwarderDialect(t *testing.T) {
 			msgs = append(msgs, msg(fmt.Sprint("m", i), "", int32(i)))
 		}
 		ids := f.insert(msgs...)
-		wantIDs(t, "all", f.pending(sqladapters.PendingQuery{}), ids)
-		wantIDs(t, "partitions 1 and 3 of 4", f.pending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}}), []int64{ids[1], ids[3], ids[5]})
-		wantIDs(t, "no partition", f.pending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}}), nil)
-		wantIDs(t, "excluded", f.pending(sqladapters.PendingQuery{Exclude: []int64{ids[0], ids[2]}}), []int64{ids[1], ids[3], ids[4], ids[5]})
-		wantIDs(t, "limit", f.pending(sqladapters.PendingQuery{Limit: 2}), ids[:2])
+		wantIDs(t, "all", f.pendingIDs(sqladapters.PendingQuery{}), ids)
+		wantIDs(t, "partitions 1 and 3 of 4", f.pendingIDs(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}}), []int64{ids[1], ids[3], ids[5]})
+		wantIDs(t, "no partition", f.pendingIDs(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}}), nil)
+		wantIDs(t, "excluded", f.pendingIDs(sqladapters.PendingQuery{Exclude: []int64{ids[0], ids[2]}}), []int64{ids[1], ids[3], ids[4], ids[5]})
+		wantIDs(t, "limit", f.pendingIDs(sqladapters.PendingQuery{Limit: 2}), ids[:2])
 	})
 
 	// The backoff check runs once per row read, so it must be an index
@@ -276,11 +208,11 @@ func TestSQLiteForwarderDialect(t *testing.T) {
 		ids := f.insert(msg("a", "k", 1), msg("b", "k", 1), msg("c", "j", 2), msg("d", "", 3))
 		a, b, c, d := ids[0], ids[1], ids[2], ids[3]
 		f.exec(f.d.RecordFailure(sqladapters.Failure{ID: a, Attempts: 1, Error: "e1", Backoff: time.Hour}))
-		wantIDs(t, "a backing off", f.pending(sqladapters.PendingQuery{}), []int64{c, d})
+		wantIDs(t, "a backing off", f.pendingIDs(sqladapters.PendingQuery{}), []int64{c, d})
 		f.exec(f.d.RecordFailure(sqladapters.Failure{ID: a, Attempts: 2, Error: "e2", Backoff: 0}))
-		wantIDs(t, "a due again", f.pending(sqladapters.PendingQuery{}), []int64{a, b, c, d})
+		wantIDs(t, "a due again", f.pendingIDs(sqladapters.PendingQuery{}), []int64{a, b, c, d})
 		f.exec(f.d.RecordFailure(sqladapters.Failure{ID: b, Attempts: 1, Error: "e", Backoff: time.Hour}))
-		wantIDs(t, "a later row backing off blocks nothing before it", f.pending(sqladapters.PendingQuery{}), []int64{a, c, d})
+		wantIDs(t, "a later row backing off blocks nothing before it", f.pendingIDs(sqladapters.PendingQuery{}), []int64{a, c, d})
 	})
 
 	t.Run("DeadLettersAndRequeue", func(t *testing.T) {
@@ -289,7 +221,7 @@ func TestSQLiteForwarderDialect(t *testing.T) {
 		ids := f.insert(msg("a", "k", 1), msg("b", "k", 1), msg("c", "", 2))
 		a, b, c := ids[0], ids[1], ids[2]
 		f.exec(f.d.RecordFailure(sqladapters.Failure{ID: a, Attempts: 3, Error: "boom \xff\x00", Backoff: time.Hour, Dead: true}))
-		wantIDs(t, "a dead does not block its key", f.pending(sqladapters.PendingQuery{}), []int64{b, c})
+		wantIDs(t, "a dead does not block its key", f.pendingIDs(sqladapters.PendingQuery{}), []int64{b, c})
 		// The forwarder's own reader: times scan into time.Time through
 		// the declared TIMESTAMP type.
 		dead, err := forwarder.DeadLetters(f.ctx, f.db, f.d, 0, 10)
@@ -319,7 +251,7 @@ func TestSQLiteForwarderDialect(t *testing.T) {
 		if n := f.exec(f.d.RequeueDeadLetters(nil)); n != 1 {
 			t.Fatalf("requeue all: %d rows", n)
 		}
-		wantIDs(t, "everything pending", f.pending(sqladapters.PendingQuery{}), ids)
+		wantIDs(t, "everything pending", f.pendingIDs(sqladapters.PendingQuery{}), ids)
 	})
 
 	t.Run("CompleteDeletesOrKeepsAndIDsNeverRepeat", func(t *testing.T) {
@@ -331,7 +263,7 @@ func TestSQLiteForwarderDialect(t *testing.T) {
 		if n := f.exec(f.d.CompleteForwarded(ids[2:], true)); n != 1 {
 			t.Fatalf("kept %d", n)
 		}
-		wantIDs(t, "nothing pending", f.pending(sqladapters.PendingQuery{}), nil)
+		wantIDs(t, "nothing pending", f.pendingIDs(sqladapters.PendingQuery{}), nil)
 		if n := f.count(f.d.OutboxTable(), "published_at IS NOT NULL"); n != 1 {
 			t.Fatalf("%d kept rows", n)
 		}
@@ -525,24 +457,7 @@ func TestSQLiteMigrations(t *testing.T) {
 	t.Run("FreshRerunAndPrintedSQL", func(t *testing.T) {
 		db := testenv.SQLite(t, testenv.SQLitePath(t))
 		d := sqlite.MustNew(sqlite.Options{})
-		rec := &recordingDB{DB: stdsql.WrapDB(db)}
-		if err := sqladapters.Migrate(ctx, rec, d); err != nil {
-			t.Fatal(err)
-		}
-		var applied []string
-		for _, m := range d.Migrations() {
-			applied = append(applied, m.Statements...)
-		}
-		if got := rec.statementsIn(applied); len(got) != len(applied) {
-			t.Fatalf("Migrate ran %d of the %d printed statements", len(got), len(applied))
-		}
-		rec2 := &recordingDB{DB: stdsql.WrapDB(db)}
-		if err := sqladapters.Migrate(ctx, rec2, d); err != nil {
-			t.Fatal(err)
-		}
-		if got := rec2.statementsIn(applied); len(got) != 0 {
-			t.Fatalf("re-run applied %d schema statements", len(got))
-		}
+		migrateTwice(t, ctx, stdsql.WrapDB(db), d)
 		// The printed script, applied by another tool to another file,
 		// creates the same schema.
 		other := testenv.SQLite(t, testenv.SQLitePath(t))
