@@ -68,12 +68,10 @@ type Forwarder struct {
 	heldKeys        map[string]bool // keys with rows left pending in the last round
 
 	// published rows whose delete is in flight; excluded from reads.
-	// ackMu also serializes reads, so it guards lastReadFull too.
-	ackMu        sync.Mutex
-	ackPending   map[int64]struct{}
-	lastReadFull bool // the last read filled its batch: a backlog is draining
-	ackCh        chan []int64
-	ackWG        sync.WaitGroup
+	ackMu      sync.Mutex
+	ackPending map[int64]struct{}
+	ackCh      chan []int64
+	ackWG      sync.WaitGroup
 }
 
 // New validates cfg and returns a forwarder. It starts nothing: call Run.
@@ -307,7 +305,7 @@ func (f *Forwarder) startPrefetch(ctx context.Context, owned []int, inFlight []s
 	}
 	go func() {
 		defer close(p.done)
-		p.rows, p.err = f.read(ctx, owned, skip)
+		p.rows, p.err = f.read(ctx, owned, skip, true)
 	}()
 	return p
 }
@@ -374,7 +372,7 @@ func (f *Forwarder) round(ctx context.Context, owned []int, pre *prefetch) (int,
 		}
 	} else {
 		var err error
-		if rows, err = f.read(ctx, owned, nil); err != nil {
+		if rows, err = f.read(ctx, owned, nil, false); err != nil {
 			return 0, nil, false, err
 		}
 		full = len(rows) >= f.cfg.BatchSize
@@ -473,7 +471,11 @@ func groupByKey(rows []sqladapters.OutboxRow) [][]sqladapters.OutboxRow {
 // (MySQL, SQLite); on Postgres an exclusion list is scanned linearly per
 // row under a prepared statement's generic plan, ten times slower than
 // reading that many more rows and dropping them here.
-func (f *Forwarder) read(ctx context.Context, owned []int, skip map[int64]bool) ([]sqladapters.OutboxRow, error) {
+//
+// backlog tells that the previous batch was full, as it is for a
+// prefetch. Only such reads apply a dialect's PendingReadSetup: a short
+// read runs on its own and saves the transaction's round trips.
+func (f *Forwarder) read(ctx context.Context, owned []int, skip map[int64]bool, backlog bool) ([]sqladapters.OutboxRow, error) {
 	// ackMu is held until the rows are filtered: a delete that lands
 	// meanwhile cannot drop its ids from ackPending while this read's
 	// snapshot still shows the rows.
@@ -494,10 +496,8 @@ func (f *Forwarder) read(ctx context.Context, owned []int, skip map[int64]bool) 
 	} else {
 		q.Limit += len(skip) + len(f.ackPending)
 	}
-	// A dialect's read settings are for reads of a backlog; a short read
-	// runs on its own and saves the transaction's round trips.
 	var on sqladapters.Executor = f.cfg.DB
-	if setup, ok := f.cfg.Dialect.(sqladapters.PendingReadSetup); ok && f.lastReadFull {
+	if setup, ok := f.cfg.Dialect.(sqladapters.PendingReadSetup); ok && backlog {
 		tx, err := f.readTx(ctx, setup.PendingReadSetup())
 		if err != nil {
 			f.ackMu.Unlock()
@@ -529,7 +529,6 @@ func (f *Forwarder) read(ctx context.Context, owned []int, skip map[int64]bool) 
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("millbox: read outbox: %w", f.cfg.Dialect.ClassifyError(err))
 	}
-	f.lastReadFull = len(out) == f.cfg.BatchSize
 	return out, nil
 }
 
