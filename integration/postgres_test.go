@@ -328,13 +328,9 @@ func TestPostgresPendingReadWithoutJIT(t *testing.T) {
 	ctx := testenv.Ctx(t, time.Minute)
 	msgs := make([]sqladapters.OutboxMessage, 100)
 	for i := range msgs {
-		msgs[i] = sqladapters.OutboxMessage{Topic: "t", UUID: strconv.Itoa(i), Payload: []byte("p"), Metadata: []byte("{}"), Key: "k" + strconv.Itoa(i%3), KeyHash: int32(i % 3)}
+		msgs[i] = sqladapters.OutboxMessage{UUID: strconv.Itoa(i), Key: "k" + strconv.Itoa(i%3), KeyHash: int32(i % 3)}
 	}
-	for _, q := range d.InsertOutbox(msgs) {
-		if _, err := q.Exec(ctx, db); err != nil {
-			t.Fatal(err)
-		}
-	}
+	(&dialectOps{t: t, ctx: ctx, db: db, d: d}).insert(msgs...)
 	var jitAvailable bool
 	if err := pool.QueryRow(ctx, `SELECT pg_jit_available()`).Scan(&jitAvailable); err != nil {
 		t.Fatal(err)

@@ -89,7 +89,7 @@ func runDrainLimit(ctx context.Context, o options) error {
 		return err
 	}
 	// Fresh statistics, as autovacuum would have them on a live outbox.
-	if _, err := pool.Exec(ctx, "ANALYZE "+d.OutboxTable()); err != nil {
+	if err := analyze(ctx, pgxv5.WrapPool(pool), d, "postgres"); err != nil {
 		return err
 	}
 	rate, err := drainLimit(ctx, pool, d)
