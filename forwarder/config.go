@@ -1,6 +1,7 @@
 package forwarder
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"time"
@@ -116,46 +117,24 @@ type BatchStats struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.PublishBatch == 0 {
-		c.PublishBatch = DefaultPublishBatch
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.Partitions == 0 {
-		c.Partitions = DefaultPartitions
-	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = DefaultLeaseTTL
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.PublishBatch = cmp.Or(c.PublishBatch, DefaultPublishBatch)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
 	if c.InstanceID == "" {
 		host, _ := os.Hostname()
 		c.InstanceID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), watermill.NewShortUUID())
 	}
-	if c.MinBackoff == 0 {
-		c.MinBackoff = DefaultMinBackoff
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = DefaultMaxBackoff
-	}
-	if c.BackoffJitter == 0 {
-		c.BackoffJitter = DefaultBackoffJitter
-	}
+	c.MinBackoff = cmp.Or(c.MinBackoff, DefaultMinBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
+	c.BackoffJitter = cmp.Or(c.BackoffJitter, DefaultBackoffJitter)
 	if c.BackoffJitter < 0 {
 		c.BackoffJitter = 0
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}

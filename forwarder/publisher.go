@@ -1,6 +1,7 @@
 package forwarder
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -57,12 +58,8 @@ type PublisherConfig struct {
 }
 
 func (c *PublisherConfig) setDefaults() {
-	if c.KeyMetadataField == "" {
-		c.KeyMetadataField = DefaultKeyMetadataField
-	}
-	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = DefaultMaxPayloadBytes
-	}
+	c.KeyMetadataField = cmp.Or(c.KeyMetadataField, DefaultKeyMetadataField)
+	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}

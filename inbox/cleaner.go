@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,18 +62,10 @@ type CleanerConfig struct {
 }
 
 func (c *CleanerConfig) setDefaults() {
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Interval == 0 {
-		c.Interval = DefaultInterval
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = DefaultCloseTimeout
-	}
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -66,9 +67,7 @@ func (c *InboxConfig) setDefaults() {
 	if c.MessageID == nil {
 		c.MessageID = UUIDID
 	}
-	if c.CommitTimeout == 0 {
-		c.CommitTimeout = DefaultCommitTimeout
-	}
+	c.CommitTimeout = cmp.Or(c.CommitTimeout, DefaultCommitTimeout)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}

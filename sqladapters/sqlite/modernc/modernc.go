@@ -1,6 +1,7 @@
 package modernc
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -46,9 +47,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.BusyTimeout == 0 {
-		c.BusyTimeout = DefaultBusyTimeout
-	}
+	c.BusyTimeout = cmp.Or(c.BusyTimeout, DefaultBusyTimeout)
 	if c.MaxOpenConns == 0 {
 		c.MaxOpenConns = DefaultMaxOpenConns
 	}
