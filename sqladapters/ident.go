@@ -27,3 +27,16 @@ func ValidateIdentifier(field, name string) error {
 	}
 	return nil
 }
+
+// ValidateTableName checks that name is a plain identifier (see
+// ValidateIdentifier) of at most max bytes. A dialect's max leaves room for
+// the suffixes of the tables it derives from the name.
+func ValidateTableName(field, name string, max int) error {
+	if err := ValidateIdentifier(field, name); err != nil {
+		return err
+	}
+	if len(name) > max {
+		return fmt.Errorf("%w: %s %q is longer than %d bytes", ErrInvalidName, field, name, max)
+	}
+	return nil
+}

@@ -1,6 +1,7 @@
 package mysql
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -103,18 +104,10 @@ var _ sqladapters.Dialect = (*Dialect)(nil)
 
 // New validates opts, applies defaults and returns the dialect.
 func New(opts Options) (*Dialect, error) {
-	if opts.OutboxTable == "" {
-		opts.OutboxTable = DefaultOutboxTable
-	}
-	if opts.InboxTable == "" {
-		opts.InboxTable = DefaultInboxTable
-	}
-	if opts.MigrationLockTimeout == 0 {
-		opts.MigrationLockTimeout = DefaultMigrationLockTimeout
-	}
-	if opts.MaxInsertBytes == 0 {
-		opts.MaxInsertBytes = DefaultMaxInsertBytes
-	}
+	opts.OutboxTable = cmp.Or(opts.OutboxTable, DefaultOutboxTable)
+	opts.InboxTable = cmp.Or(opts.InboxTable, DefaultInboxTable)
+	opts.MigrationLockTimeout = cmp.Or(opts.MigrationLockTimeout, DefaultMigrationLockTimeout)
+	opts.MaxInsertBytes = cmp.Or(opts.MaxInsertBytes, DefaultMaxInsertBytes)
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -137,11 +130,8 @@ func (o Options) validate() error {
 		{"mysql.Options.OutboxTable", o.OutboxTable},
 		{"mysql.Options.InboxTable", o.InboxTable},
 	} {
-		if err := sqladapters.ValidateIdentifier(f.field, f.name); err != nil {
+		if err := sqladapters.ValidateTableName(f.field, f.name, MaxTableNameLength); err != nil {
 			return err
-		}
-		if len(f.name) > MaxTableNameLength {
-			return fmt.Errorf("%w: %s %q is longer than %d bytes", sqladapters.ErrInvalidName, f.field, f.name, MaxTableNameLength)
 		}
 	}
 	// Table names are case-insensitive where MySQL stores them

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -52,12 +53,8 @@ var _ sqladapters.Dialect = (*Dialect)(nil)
 
 // New validates opts, applies defaults and returns the dialect.
 func New(opts Options) (*Dialect, error) {
-	if opts.OutboxTable == "" {
-		opts.OutboxTable = DefaultOutboxTable
-	}
-	if opts.InboxTable == "" {
-		opts.InboxTable = DefaultInboxTable
-	}
+	opts.OutboxTable = cmp.Or(opts.OutboxTable, DefaultOutboxTable)
+	opts.InboxTable = cmp.Or(opts.InboxTable, DefaultInboxTable)
 	if opts.Schema != "" {
 		if err := sqladapters.ValidateIdentifier("postgres.Options.Schema", opts.Schema); err != nil {
 			return nil, err
@@ -67,11 +64,8 @@ func New(opts Options) (*Dialect, error) {
 		{"postgres.Options.OutboxTable", opts.OutboxTable},
 		{"postgres.Options.InboxTable", opts.InboxTable},
 	} {
-		if err := sqladapters.ValidateIdentifier(f.field, f.name); err != nil {
+		if err := sqladapters.ValidateTableName(f.field, f.name, MaxTableNameLength); err != nil {
 			return nil, err
-		}
-		if len(f.name) > MaxTableNameLength {
-			return nil, fmt.Errorf("%w: %s %q is longer than %d bytes", sqladapters.ErrInvalidName, f.field, f.name, MaxTableNameLength)
 		}
 	}
 	if opts.OutboxTable == opts.InboxTable {

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -58,21 +59,14 @@ var _ sqladapters.Dialect = (*Dialect)(nil)
 
 // New validates opts, applies defaults and returns the dialect.
 func New(opts Options) (*Dialect, error) {
-	if opts.OutboxTable == "" {
-		opts.OutboxTable = DefaultOutboxTable
-	}
-	if opts.InboxTable == "" {
-		opts.InboxTable = DefaultInboxTable
-	}
+	opts.OutboxTable = cmp.Or(opts.OutboxTable, DefaultOutboxTable)
+	opts.InboxTable = cmp.Or(opts.InboxTable, DefaultInboxTable)
 	for _, f := range []struct{ field, name string }{
 		{"sqlite.Options.OutboxTable", opts.OutboxTable},
 		{"sqlite.Options.InboxTable", opts.InboxTable},
 	} {
-		if err := sqladapters.ValidateIdentifier(f.field, f.name); err != nil {
+		if err := sqladapters.ValidateTableName(f.field, f.name, MaxTableNameLength); err != nil {
 			return nil, err
-		}
-		if len(f.name) > MaxTableNameLength {
-			return nil, fmt.Errorf("%w: %s %q is longer than %d bytes", sqladapters.ErrInvalidName, f.field, f.name, MaxTableNameLength)
 		}
 		// SQLite reserves names starting with sqlite_ for itself and
 		// refuses to create such tables.
