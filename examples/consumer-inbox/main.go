@@ -40,6 +40,7 @@ import (
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/sqladapters"
@@ -61,7 +62,7 @@ type InvoiceIssued struct {
 }
 
 func main() {
-	pgURL := flag.String("postgres", env("MILLBOX_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL `URL`")
+	pgURL := flag.String("postgres", exampleenv.PostgresURL(), "PostgreSQL `URL`")
 	brokers := flag.String("kafka", "", "comma-separated Kafka `brokers` (default: an in-process Kafka)")
 	n := flag.Int("n", 300, "number of payments")
 	flag.Parse()
@@ -98,7 +99,7 @@ func run(pgURL, brokers string, n int) error {
 	}
 
 	// Kafka: topics and consumer groups carry the run's suffix.
-	addrs, stopKafka, err := startKafka(brokers)
+	addrs, stopKafka, err := exampleenv.StartKafka(brokers)
 	if err != nil {
 		return err
 	}
@@ -123,12 +124,11 @@ func run(pgURL, brokers string, n int) error {
 	if err != nil {
 		return err
 	}
-	fwDone := make(chan error, 1)
-	go func() { fwDone <- fw.Run(ctx) }()
-	defer func() {
-		_ = fw.Close()
-		<-fwDone
-	}()
+	stopForwarder, err := exampleenv.StartForwarder(ctx, fw)
+	if err != nil {
+		return err
+	}
+	defer stopForwarder()
 
 	// The consumer.
 	var duplicates, failures atomic.Int64
@@ -155,7 +155,9 @@ func run(pgURL, brokers string, n int) error {
 		inbox, // last: closest to the handler
 	)
 	// The subscriber also creates the topic the service produces to.
-	paymentsSub, err := newSubscriber(addrs, group, payments, invoiceEvents)
+	paymentsSub, err := exampleenv.NewKafkaSubscriber(exampleenv.KafkaSubscriberConfig{
+		Brokers: addrs, ConsumerGroup: group, Topics: []string{payments, invoiceEvents},
+	})
 	if err != nil {
 		return err
 	}
@@ -246,11 +248,4 @@ func run(pgURL, brokers string, n int) error {
 		return errors.New("check failed")
 	}
 	return nil
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -38,6 +38,7 @@ import (
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/sqladapters"
@@ -64,7 +65,7 @@ func (e *OrderPlaced) Key() string { return e.OrderID }
 func (e *StockReserved) Key() string { return e.OrderID }
 
 func main() {
-	pgURL := flag.String("postgres", env("MILLBOX_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL `URL`")
+	pgURL := flag.String("postgres", exampleenv.PostgresURL(), "PostgreSQL `URL`")
 	brokers := flag.String("kafka", "", "comma-separated Kafka `brokers` (default: an in-process Kafka)")
 	n := flag.Int("n", 200, "number of orders")
 	flag.Parse()
@@ -106,7 +107,7 @@ func run(pgURL, brokers string, n int) error {
 	}
 
 	// Kafka: topics and consumer groups carry the run's suffix.
-	addrs, stopKafka, err := startKafka(brokers)
+	addrs, stopKafka, err := exampleenv.StartKafka(brokers)
 	if err != nil {
 		return err
 	}
@@ -171,7 +172,9 @@ func run(pgURL, brokers string, n int) error {
 		SubscriberConstructor: func(p cqrs.EventProcessorSubscriberConstructorParams) (message.Subscriber, error) {
 			topic, group := topicOf(p.EventName), p.HandlerName+"-"+suffix
 			topics, groups = append(topics, topic), append(groups, group)
-			return newSubscriber(addrs, group, topic)
+			return exampleenv.NewKafkaSubscriber(exampleenv.KafkaSubscriberConfig{
+				Brokers: addrs, ConsumerGroup: group, Topics: []string{topic},
+			})
 		},
 		Marshaler: marshaler,
 	})
@@ -221,12 +224,11 @@ func run(pgURL, brokers string, n int) error {
 	if err != nil {
 		return err
 	}
-	fwDone := make(chan error, 1)
-	go func() { fwDone <- fw.Run(ctx) }()
-	defer func() {
-		_ = fw.Close()
-		<-fwDone
-	}()
+	stopForwarder, err := exampleenv.StartForwarder(ctx, fw)
+	if err != nil {
+		return err
+	}
+	defer stopForwarder()
 
 	// Place the orders: each order row and its event in one transaction.
 	for i := range n {
@@ -270,11 +272,4 @@ func run(pgURL, brokers string, n int) error {
 		return errors.New("check failed")
 	}
 	return nil
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -40,8 +40,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	mysqldrv "github.com/go-sql-driver/mysql"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/mysql"
@@ -52,8 +52,8 @@ import (
 const batch = 10
 
 func main() {
-	dsn := flag.String("mysql", env("MILLBOX_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test?parseTime=true"), "MySQL/MariaDB `DSN`")
-	amqpURL := flag.String("amqp", env("MILLBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ `URL`")
+	dsn := flag.String("mysql", exampleenv.MySQLDSN(), "MySQL/MariaDB `DSN`")
+	amqpURL := flag.String("amqp", exampleenv.AMQPURL(), "RabbitMQ `URL`")
 	n := flag.Int("n", 1000, fmt.Sprintf("number of events to publish, %d per transaction", batch))
 	flag.Parse()
 	if err := run(*dsn, *amqpURL, *n); err != nil {
@@ -115,7 +115,7 @@ func run(dsn, amqpURL string, n int) error {
 	config.Publish.ConfirmDelivery = true
 	config.Publish.ChannelPoolSize = 64
 	// Deferred first, so it runs last, after the clients closed.
-	defer deleteQueue(amqpURL, queue)
+	defer exampleenv.DeleteQueue(amqpURL, queue)
 	// watermill-amqp v3 needs a non-nil logger.
 	pub, err := amqp.NewPublisher(config, watermill.NopLogger{})
 	if err != nil {
@@ -140,14 +140,11 @@ func run(dsn, amqpURL string, n int) error {
 	if err != nil {
 		return err
 	}
-	fwDone := make(chan error, 1)
-	go func() { fwDone <- fw.Run(ctx) }()
-	defer func() {
-		_ = fw.Close()
-		if err := <-fwDone; err != nil {
-			fmt.Fprintln(os.Stderr, "forwarder:", err)
-		}
-	}()
+	stopForwarder, err := exampleenv.StartForwarder(ctx, fw)
+	if err != nil {
+		return err
+	}
+	defer stopForwarder()
 
 	start := time.Now()
 	for first := 0; first < n; first += batch {
@@ -219,27 +216,4 @@ func ship(ctx context.Context, db *sql.DB, dialect *mysql.Dialect, table, topic 
 		return err
 	}
 	return tx.Commit()
-}
-
-func deleteQueue(url, queue string) {
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup:", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err == nil {
-		_, err = ch.QueueDelete(queue, false, false, false)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup:", err)
-	}
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -23,7 +23,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -31,9 +30,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
-	metrics "github.com/rcrowley/go-metrics"
-	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
@@ -41,7 +39,7 @@ import (
 )
 
 func main() {
-	pgURL := flag.String("postgres", env("MILLBOX_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL `URL`")
+	pgURL := flag.String("postgres", exampleenv.PostgresURL(), "PostgreSQL `URL`")
 	brokers := flag.String("kafka", "", "comma-separated Kafka `brokers` (default: an in-process Kafka)")
 	n := flag.Int("n", 1000, "number of events to publish, one transaction each")
 	keys := flag.Int("keys", 20, "number of accounts (ordering keys)")
@@ -80,20 +78,12 @@ func run(pgURL, brokers string, n, keys int) error {
 	}
 
 	// Kafka: in process unless -kafka is given.
-	metrics.UseNilMetrics = true // sarama's go-metrics: CPU per request and a goroutine that never stops
-	addrs := strings.Split(brokers, ",")
-	if brokers == "" {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-		if err != nil {
-			return err
-		}
-		defer cluster.Close()
-		addrs = cluster.ListenAddrs()
+	addrs, stopKafka, err := exampleenv.StartKafka(brokers)
+	if err != nil {
+		return err
 	}
 	topic, group := "deposits."+suffix, "example-reader-"+suffix
-	if brokers != "" {
-		defer deleteTopic(addrs, topic, group) // runs after the clients below closed
-	}
+	defer stopKafka([]string{topic}, []string{group}) // runs after the clients below closed
 	// The partitioning marshaler makes the ordering key the Kafka record
 	// key: sarama's default partitioner hashes it, so all events of one
 	// account land on one partition and keep their order there.
@@ -111,22 +101,13 @@ func run(pgURL, brokers string, n, keys int) error {
 		return err
 	}
 	defer pub.Close()
-	subConfig := kafka.DefaultSaramaSubscriberConfig()
-	subConfig.Consumer.Offsets.Initial = sarama.OffsetOldest
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:                addrs,
-		Unmarshaler:            marshaler,
-		ConsumerGroup:          group,
-		OverwriteSaramaConfig:  subConfig,
-		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: 6, ReplicationFactor: 1},
-	}, watermill.NopLogger{})
+	sub, err := exampleenv.NewKafkaSubscriber(exampleenv.KafkaSubscriberConfig{
+		Brokers: addrs, ConsumerGroup: group, Topics: []string{topic}, Partitions: 6,
+	})
 	if err != nil {
 		return err
 	}
 	defer sub.Close()
-	if err := sub.SubscribeInitialize(topic); err != nil {
-		return err
-	}
 
 	// The forwarder publishes committed outbox rows to Kafka until Close;
 	// it would usually start with the application.
@@ -134,14 +115,11 @@ func run(pgURL, brokers string, n, keys int) error {
 	if err != nil {
 		return err
 	}
-	fwDone := make(chan error, 1)
-	go func() { fwDone <- fw.Run(ctx) }()
-	defer func() {
-		_ = fw.Close()
-		if err := <-fwDone; err != nil {
-			fmt.Fprintln(os.Stderr, "forwarder:", err)
-		}
-	}()
+	stopForwarder, err := exampleenv.StartForwarder(ctx, fw)
+	if err != nil {
+		return err
+	}
+	defer stopForwarder()
 
 	// Publish: each deposit and its event commit in one pgx transaction.
 	start := time.Now()
@@ -221,28 +199,4 @@ func deposit(ctx context.Context, pool *pgxpool.Pool, dialect *postgres.Dialect,
 		return err
 	}
 	return tx.Commit(ctx)
-}
-
-// deleteTopic removes the run's topic and consumer group from a real
-// cluster.
-func deleteTopic(addrs []string, topic, group string) {
-	config := sarama.NewConfig()
-	config.Version = sarama.V2_1_0_0
-	admin, err := sarama.NewClusterAdmin(addrs, config)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup:", err)
-		return
-	}
-	defer admin.Close()
-	_ = admin.DeleteConsumerGroup(group)
-	if err := admin.DeleteTopic(topic); err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup:", err)
-	}
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -33,8 +33,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
@@ -42,8 +42,8 @@ import (
 )
 
 func main() {
-	pgURL := flag.String("postgres", env("MILLBOX_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL `URL`")
-	amqpURL := flag.String("amqp", env("MILLBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ `URL`")
+	pgURL := flag.String("postgres", exampleenv.PostgresURL(), "PostgreSQL `URL`")
+	amqpURL := flag.String("amqp", exampleenv.AMQPURL(), "RabbitMQ `URL`")
 	n := flag.Int("n", 1000, "number of events to publish, one transaction each")
 	flag.Parse()
 	if err := run(*pgURL, *amqpURL, *n); err != nil {
@@ -91,7 +91,7 @@ func run(pgURL, amqpURL string, n int) error {
 	// open: ~10k msg/s with 64 of them.
 	config.Publish.ChannelPoolSize = 64
 	// Deferred first, so it runs last, after the clients closed.
-	defer deleteQueue(amqpURL, queue)
+	defer exampleenv.DeleteQueue(amqpURL, queue)
 	// watermill-amqp v3 needs a non-nil logger.
 	pub, err := amqp.NewPublisher(config, watermill.NopLogger{})
 	if err != nil {
@@ -113,14 +113,11 @@ func run(pgURL, amqpURL string, n int) error {
 	if err != nil {
 		return err
 	}
-	fwDone := make(chan error, 1)
-	go func() { fwDone <- fw.Run(ctx) }()
-	defer func() {
-		_ = fw.Close()
-		if err := <-fwDone; err != nil {
-			fmt.Fprintln(os.Stderr, "forwarder:", err)
-		}
-	}()
+	stopForwarder, err := exampleenv.StartForwarder(ctx, fw)
+	if err != nil {
+		return err
+	}
+	defer stopForwarder()
 
 	// One outbox publisher for the whole application; each message
 	// brings its transaction in its context.
@@ -192,27 +189,4 @@ func openTicket(ctx context.Context, pool *pgxpool.Pool, outbox message.Publishe
 		return err
 	}
 	return tx.Commit(ctx)
-}
-
-func deleteQueue(url, queue string) {
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup:", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err == nil {
-		_, err = ch.QueueDelete(queue, false, false, false)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup:", err)
-	}
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

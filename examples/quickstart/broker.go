@@ -2,18 +2,14 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"strings"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp091 "github.com/rabbitmq/amqp091-go"
-	metrics "github.com/rcrowley/go-metrics"
-	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
 )
 
@@ -40,29 +36,22 @@ func (b *broker) close() {
 }
 
 func openKafka(brokers, topic, group string, logger watermill.LoggerAdapter) (_ *broker, err error) {
-	// sarama's go-metrics meters cost CPU on every request and tick in a
-	// goroutine that never stops; turn them off unless you export them.
-	metrics.UseNilMetrics = true
-
 	b := &broker{name: "Kafka", topic: topic}
 	defer func() {
 		if err != nil {
 			b.close()
 		}
 	}()
-	addrs := strings.Split(brokers, ",")
+	// An in-process, single-broker Kafka unless -kafka names brokers. A
+	// real cluster keeps topics and groups: the clean-up removes this run's
+	// (closers run in reverse, so it runs last, after the clients closed).
+	addrs, cleanup, err := exampleenv.StartKafka(brokers)
+	if err != nil {
+		return nil, err
+	}
+	b.closers = append(b.closers, func() { cleanup([]string{topic}, []string{group}) })
 	if brokers == "" {
-		// An in-process, single-broker Kafka on a random port.
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-		if err != nil {
-			return nil, err
-		}
-		b.closers = append(b.closers, cluster.Close)
-		b.name, addrs = "Kafka (in process)", cluster.ListenAddrs()
-	} else {
-		// A real cluster keeps topics and groups: remove this run's at
-		// the end (closers run in reverse, so this one runs last).
-		b.closers = append(b.closers, func() { deleteKafkaTopic(addrs, topic, group) })
+		b.name = "Kafka (in process)"
 	}
 
 	// The partitioning marshaler makes the ordering key the Kafka record
@@ -83,24 +72,16 @@ func openKafka(brokers, topic, group string, logger watermill.LoggerAdapter) (_ 
 	b.publisher = pub
 	b.closers = append(b.closers, func() { _ = pub.Close() })
 
-	subConfig := kafka.DefaultSaramaSubscriberConfig()
-	subConfig.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads from the start
-	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-		Brokers:               addrs,
-		Unmarshaler:           marshaler,
-		ConsumerGroup:         group,
-		OverwriteSaramaConfig: subConfig,
-		// Demo topic; create production topics with your own tooling.
-		InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: 4, ReplicationFactor: 1},
-	}, logger)
+	// A consumer group that reads from the start; it creates the topic, so
+	// nothing the forwarder publishes before the router subscribes is lost.
+	sub, err := exampleenv.NewKafkaSubscriber(exampleenv.KafkaSubscriberConfig{
+		Brokers: addrs, ConsumerGroup: group, Topics: []string{topic}, Logger: logger,
+	})
 	if err != nil {
 		return nil, err
 	}
 	b.subscriber = sub
 	b.closers = append(b.closers, func() { _ = sub.Close() })
-	if err := sub.SubscribeInitialize(topic); err != nil {
-		return nil, fmt.Errorf("create topic %s: %w", topic, err)
-	}
 	return b, nil
 }
 
@@ -122,11 +103,7 @@ func openRabbitMQ(url, queue string, logger watermill.LoggerAdapter) (_ *broker,
 	// concurrent publishes share open channels.
 	config.Publish.ChannelPoolSize = 64
 
-	b.closers = append(b.closers, func() { // runs last
-		if err := deleteQueue(url, queue); err != nil {
-			fmt.Fprintln(os.Stderr, "cleanup:", err)
-		}
-	})
+	b.closers = append(b.closers, func() { exampleenv.DeleteQueue(url, queue) }) // runs last
 	pub, err := amqp.NewPublisher(config, logger)
 	if err != nil {
 		return nil, err
@@ -145,35 +122,4 @@ func openRabbitMQ(url, queue string, logger watermill.LoggerAdapter) (_ *broker,
 		return nil, fmt.Errorf("declare queue %s: %w", queue, err)
 	}
 	return b, nil
-}
-
-func deleteKafkaTopic(addrs []string, topic, group string) {
-	config := sarama.NewConfig()
-	config.Version = sarama.V2_1_0_0 // deleting groups needs Kafka 1.1+
-	admin, err := sarama.NewClusterAdmin(addrs, config)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup:", err)
-		return
-	}
-	defer admin.Close()
-	if err := admin.DeleteTopic(topic); err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup: delete topic:", err)
-	}
-	if err := admin.DeleteConsumerGroup(group); err != nil {
-		fmt.Fprintln(os.Stderr, "cleanup: delete consumer group:", err)
-	}
-}
-
-func deleteQueue(url, queue string) error {
-	conn, err := amqp091.Dial(url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	_, err = ch.QueueDelete(queue, false, false, false)
-	return err
 }

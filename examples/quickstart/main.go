@@ -31,7 +31,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +38,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/sqladapters/stdsql"
@@ -158,11 +158,11 @@ func run(ctx context.Context, o options) error {
 	// The forwarder's destination is the broker publisher, wrapped to
 	// record which events the broker accepted.
 	dest := &recordingPublisher{Publisher: b.publisher}
-	fw, err := startForwarder(ctx, db, dest, logger)
+	stopForwarder, err := startForwarder(ctx, db, dest, logger)
 	if err != nil {
 		return err
 	}
-	defer func() { fw.stop() }()
+	defer func() { stopForwarder() }() // the one running at the end
 
 	placed := 0
 	status := func() {
@@ -175,16 +175,15 @@ func run(ctx context.Context, o options) error {
 			status()
 		}
 		if i == o.orders/2 {
-			// Stop the forwarder mid-run by cancelling its context, as
-			// a shutdown signal would, while orders keep coming, and
-			// start a new one. Committed rows wait in the outbox
-			// meanwhile: nothing is lost. (A forwarder killed outright
-			// may also leave published rows behind, which the next one
-			// publishes again: the re-published events below play that
-			// part.)
-			fw.stop()
+			// Stop the forwarder mid-run, as a shutdown would, while
+			// orders keep coming, and start a new one. Committed rows
+			// wait in the outbox meanwhile: nothing is lost. (A forwarder
+			// killed outright may also leave published rows behind,
+			// which the next one publishes again: the re-published
+			// events below play that part.)
+			stopForwarder()
 			fmt.Printf("forwarder #1 stopped after %d events while orders keep coming; starting forwarder #2\n", dest.count())
-			if fw, err = startForwarder(ctx, db, dest, logger); err != nil {
+			if stopForwarder, err = startForwarder(ctx, db, dest, logger); err != nil {
 				return err
 			}
 		}
@@ -211,7 +210,7 @@ func run(ctx context.Context, o options) error {
 		return err == nil && once == o.orders && duplicates.Load() >= int64(len(again))
 	})
 	status()
-	fw.stop()
+	stopForwarder()
 
 	once, lost, err := db.shipped(ctx)
 	if err != nil {
@@ -294,14 +293,10 @@ func shipOrder(db *database) message.NoPublishHandlerFunc {
 	}
 }
 
-// runningForwarder is a forwarder running in its own goroutine.
-type runningForwarder struct {
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-}
-
-func startForwarder(ctx context.Context, db *database, dest message.Publisher, logger watermill.LoggerAdapter) (*runningForwarder, error) {
+// startForwarder starts a forwarder from the outbox to dest. The returned
+// stop closes it: rows being published finish, and the partitions are
+// released for the next forwarder.
+func startForwarder(ctx context.Context, db *database, dest message.Publisher, logger watermill.LoggerAdapter) (stop func(), err error) {
 	fw, err := forwarder.New(forwarder.Config{
 		DB:        stdsql.WrapDB(db.sql),
 		Dialect:   db.dialect,
@@ -311,25 +306,5 @@ func startForwarder(ctx context.Context, db *database, dest message.Publisher, l
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	r := &runningForwarder{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- fw.Run(ctx) }()
-	select {
-	case <-fw.Running(): // holds its partitions of the outbox
-		return r, nil
-	case err := <-r.done:
-		cancel()
-		return nil, fmt.Errorf("forwarder: %w", err)
-	}
-}
-
-// stop cancels Run's context and waits for Run to return. (Close does the
-// same with a time limit.)
-func (r *runningForwarder) stop() {
-	r.once.Do(func() {
-		r.cancel()
-		if err := <-r.done; err != nil {
-			fmt.Fprintln(os.Stderr, "forwarder:", err)
-		}
-	})
+	return exampleenv.StartForwarder(ctx, fw)
 }
