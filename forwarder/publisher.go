@@ -7,8 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"math/rand/v2"
+	"strings"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -22,7 +23,8 @@ const (
 	// ordering key. The same field works with watermill-kafka's
 	// partitioning marshaler, so the key also becomes the Kafka message key.
 	DefaultKeyMetadataField = "partition_key"
-	// DefaultMaxPayloadBytes is the largest payload the publisher accepts.
+	// DefaultMaxPayloadBytes is the largest payload the publisher accepts,
+	// unless the dialect's MaxMessageBytes (see MessageLimiter) is lower.
 	DefaultMaxPayloadBytes = 8 << 20
 )
 
@@ -31,8 +33,12 @@ var (
 	// falls back to autocommit.
 	ErrNoTx = sqladapters.ErrNoTx
 	// ErrInvalidMessage is returned for a message the outbox cannot store
-	// faithfully: nil, without UUID, with invalid UTF-8 metadata, or
-	// larger than MaxPayloadBytes.
+	// faithfully: nil, without UUID, with a topic, UUID or metadata that is
+	// not valid UTF-8 or holds a NUL byte, with a payload larger than
+	// MaxPayloadBytes, or larger as a whole than the dialect's
+	// MaxMessageBytes (see MessageLimiter). The error names the field and
+	// the limit. Publish checks every message of a call before it writes
+	// any, so the caller's transaction stays usable.
 	ErrInvalidMessage = errors.New("millbox: invalid message")
 	// ErrInvalidConfig is returned by constructors for a bad config.
 	ErrInvalidConfig = sqladapters.ErrInvalidConfig
@@ -51,8 +57,18 @@ type PublisherConfig struct {
 	KeyMetadataField string
 	// MaxPayloadBytes rejects larger payloads at write time, instead of
 	// letting the broker reject them later. Defaults to
-	// DefaultMaxPayloadBytes; a negative value disables the check.
+	// DefaultMaxPayloadBytes; a negative value disables the check. It
+	// cannot raise what the database stores: a dialect that implements
+	// MessageLimiter bounds every message, payload included, whatever
+	// this value is.
 	MaxPayloadBytes int
+	// Telemetry.Propagator stores the trace context of each message's
+	// context (msg.SetContext) in its metadata, so that the trace of the
+	// request that wrote the message continues where it is sent and
+	// consumed. A message whose context carries no span keeps its
+	// metadata as it is. The publisher records no metrics or spans of its
+	// own. Defaults to DefaultPropagator().
+	Telemetry Telemetry
 	// Logger defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -63,6 +79,9 @@ func (c *PublisherConfig) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
+	if c.Telemetry.Propagator == nil {
+		c.Telemetry.Propagator = DefaultPropagator()
+	}
 }
 
 // Validate names the first invalid field.
@@ -71,6 +90,30 @@ func (c PublisherConfig) Validate() error {
 		return fmt.Errorf("%w: PublisherConfig.Dialect is required (for example postgres.New(postgres.Options{}))", ErrInvalidConfig)
 	}
 	return nil
+}
+
+// MessageLimiter is implemented by a dialect whose database cannot store
+// messages of every size. Publish refuses a larger message with
+// ErrInvalidMessage before it writes anything, instead of letting the
+// database fail the write (or, on MySQL, close the connection).
+type MessageLimiter interface {
+	// MaxMessageBytes is the largest message the database stores,
+	// counting the bytes of its topic, UUID, payload, metadata (as JSON)
+	// and ordering key.
+	MaxMessageBytes() int
+}
+
+// Savepointer is implemented by a dialect whose database can undo part of
+// a transaction. When the messages of one Publish call take more than one
+// statement, Publish writes them under a savepoint and rolls back to it if
+// one statement fails: nothing of a failed call stays in the transaction,
+// which remains usable. A call of one statement needs none, as a statement
+// that fails writes nothing (Postgres then aborts the transaction, as it
+// does after any failed statement).
+type Savepointer interface {
+	// Savepoint returns the statements that set the savepoint, roll back
+	// to it and release it.
+	Savepoint() (set, rollback, release sqladapters.Query)
 }
 
 // Publisher writes messages into the outbox table inside a transaction.
@@ -112,7 +155,8 @@ func newPublisher(tx sqladapters.Tx, cfg PublisherConfig) (*Publisher, error) {
 
 // Publish writes msgs to the outbox for topic, in one round trip per up to
 // a few thousand messages. The messages keep their order: they get
-// ascending outbox ids. Publishing no message is a no-op.
+// ascending outbox ids. Publishing no message is a no-op. A call that fails
+// writes none of its messages.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.closed.Load() {
 		return ErrClosed
@@ -126,6 +170,10 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if !utf8.ValidString(topic) {
 		return fmt.Errorf("%w: topic %q is not valid UTF-8", ErrInvalidMessage, topic)
 	}
+	if strings.IndexByte(topic, 0) >= 0 {
+		return fmt.Errorf("%w: topic %q contains a NUL byte, which Postgres cannot store in text", ErrInvalidMessage, topic)
+	}
+	injectTrace(p.cfg.Telemetry.Propagator, msgs)
 	rows := make([]sqladapters.OutboxMessage, len(msgs))
 	for i, m := range msgs {
 		row, err := p.toRow(topic, i, m)
@@ -138,13 +186,52 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return err
 	}
-	for _, q := range p.cfg.Dialect.InsertOutbox(rows) {
-		if _, err := q.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), p.cfg.Dialect.ClassifyError(err))
-		}
+	if err := p.insert(ctx, tx, rows); err != nil {
+		return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), p.cfg.Dialect.ClassifyError(err))
 	}
 	wake(p.cfg.Dialect.OutboxTable())
 	return nil
+}
+
+// insert runs the outbox insert of rows in tx. Several statements run under
+// a savepoint, so that a failure in a later one takes the earlier ones
+// back: the caller may go on with the transaction, and must not commit
+// half a call.
+func (p *Publisher) insert(ctx context.Context, tx sqladapters.Tx, rows []sqladapters.OutboxMessage) error {
+	qs := p.cfg.Dialect.InsertOutbox(rows)
+	sp, ok := p.cfg.Dialect.(Savepointer)
+	if len(qs) == 1 || !ok {
+		for _, q := range qs {
+			if _, err := q.Exec(ctx, tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	set, rollback, release := sp.Savepoint()
+	if _, err := set.Exec(ctx, tx); err != nil {
+		return err
+	}
+	for _, q := range qs {
+		if _, err := q.Exec(ctx, tx); err != nil {
+			return undo(ctx, tx, rollback, release, err)
+		}
+	}
+	_, err := release.Exec(ctx, tx)
+	return err
+}
+
+// undo rolls tx back to the savepoint after err and releases it. The
+// caller's context may be what failed the statement, so undo runs under a
+// fresh short timeout.
+func undo(ctx context.Context, tx sqladapters.Tx, rollback, release sqladapters.Query, err error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, rerr := rollback.Exec(ctx, tx); rerr != nil {
+		return fmt.Errorf("%w (rolling back to the savepoint failed too: %v)", err, rerr)
+	}
+	_, _ = release.Exec(ctx, tx)
+	return err
 }
 
 // txFor returns the bound transaction, or the one in the messages' context.
@@ -176,6 +263,9 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 	if !utf8.ValidString(m.UUID) {
 		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %d: UUID %q is not valid UTF-8", ErrInvalidMessage, i, m.UUID)
 	}
+	if strings.IndexByte(m.UUID, 0) >= 0 {
+		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %d: UUID %q contains a NUL byte, which Postgres cannot store in text", ErrInvalidMessage, i, m.UUID)
+	}
 	if p.cfg.MaxPayloadBytes > 0 && len(m.Payload) > p.cfg.MaxPayloadBytes {
 		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: payload of %d bytes exceeds MaxPayloadBytes %d",
 			ErrInvalidMessage, m.UUID, len(m.Payload), p.cfg.MaxPayloadBytes)
@@ -185,6 +275,17 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 	for k, v := range m.Metadata {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: metadata %q is not valid UTF-8", ErrInvalidMessage, m.UUID, k)
+		}
+		// JSON would carry a NUL as \u0000, which Postgres' jsonb and
+		// text refuse; refuse it on every database alike.
+		if strings.IndexByte(k, 0) >= 0 {
+			return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: metadata key %q contains a NUL byte", ErrInvalidMessage, m.UUID, k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			if k == p.cfg.KeyMetadataField {
+				return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: ordering key (metadata %q) contains a NUL byte", ErrInvalidMessage, m.UUID, k)
+			}
+			return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: metadata %q value contains a NUL byte", ErrInvalidMessage, m.UUID, k)
 		}
 	}
 	md := []byte("{}")
@@ -199,22 +300,38 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 		payload = []byte{}
 	}
 	key := m.Metadata.Get(p.cfg.KeyMetadataField)
+	if l, ok := p.cfg.Dialect.(MessageLimiter); ok {
+		size := len(topic) + len(m.UUID) + len(payload) + len(md) + len(key)
+		if limit := l.MaxMessageBytes(); size > limit {
+			return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: %d bytes (payload %d, metadata %d, ordering key %d, topic and UUID %d) exceed the %s dialect's MaxMessageBytes %d",
+				ErrInvalidMessage, m.UUID, size, len(payload), len(md), len(key), len(topic)+len(m.UUID), p.cfg.Dialect.Name(), limit)
+		}
+	}
+	// Rows without a key spread over the partitions by their UUID.
+	hash := KeyHash(key)
+	if key == "" {
+		hash = KeyHash(m.UUID)
+	}
 	return sqladapters.OutboxMessage{
 		Topic:    topic,
 		UUID:     m.UUID,
 		Payload:  payload,
 		Metadata: md,
 		Key:      key,
-		KeyHash:  KeyHash(key),
+		KeyHash:  hash,
 	}, nil
 }
 
 // KeyHash places a key in a forwarder partition: FNV-1a of the key, in 31
-// bits. Rows without a key are spread at random.
+// bits. It depends on the key alone, so every instance of every version
+// agrees; KeyHash("") is FNV-1a of no bytes, 18652613. The publisher
+// places a message without a key by KeyHash of its UUID instead, which
+// spreads such messages over the partitions.
+//
+// The dialects index this hash, not the key, wherever they look rows up by
+// key, and compare the full keys of the rows they find, so keys of any
+// length work and two keys sharing a hash never hold each other back.
 func KeyHash(key string) int32 {
-	if key == "" {
-		return rand.Int32()
-	}
 	h := fnv.New32a()
 	h.Write([]byte(key))
 	return int32(h.Sum32() & 0x7fffffff)

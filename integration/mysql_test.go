@@ -89,6 +89,28 @@ func TestMySQLForwarderConformance(t *testing.T) {
 	})
 }
 
+// TestMySQLDetectMaxAllowedPacket reads the server's max_allowed_packet
+// into a dialect whose message limit then fits it.
+func TestMySQLDetectMaxAllowedPacket(t *testing.T) {
+	raw := testenv.MySQL(t)
+	ctx := testenv.Ctx(t, time.Minute)
+	n, err := mysql.DetectMaxAllowedPacket(ctx, stdsql.WrapDB(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want int
+	if err := raw.QueryRowContext(ctx, `SELECT @@global.max_allowed_packet`).Scan(&want); err != nil || n != want {
+		t.Fatalf("detected %d, server has %d (%v)", n, want, err)
+	}
+	d, err := mysql.New(mysql.Options{MaxAllowedPacket: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := d.MaxMessageBytes(); m <= 0 || 2*m >= n {
+		t.Fatalf("MaxMessageBytes %d for max_allowed_packet %d", m, n)
+	}
+}
+
 func TestMySQLMigrations(t *testing.T) {
 	raw := testenv.MySQL(t)
 	db := stdsql.WrapDB(raw)

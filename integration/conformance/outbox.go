@@ -300,6 +300,122 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 		}
 	})
 
+	// A NUL byte fits some databases' text and not others' (Postgres); the
+	// publisher refuses it everywhere, naming the field, before the
+	// database sees it, so the transaction stays usable.
+	t.Run("NULBytesRefused", func(t *testing.T) {
+		d := env.NewDialect(t)
+		tx := src.MustBegin(t, ctx)
+		pub := newPub(t, tx, d)
+		withMeta := func(k, v string) *message.Message {
+			m := message.NewMessage(watermill.NewUUID(), []byte("p"))
+			m.Metadata.Set(k, v)
+			return m
+		}
+		cases := []struct {
+			name, topic string
+			msg         *message.Message
+			want        string
+		}{
+			{"topic", "orders\x00v1", message.NewMessage(watermill.NewUUID(), nil), "topic"},
+			{"UUID", "orders", message.NewMessage("id\x001", nil), "UUID"},
+			{"metadata key", "orders", withMeta("tr\x00ce", "v"), "metadata key"},
+			{"metadata value", "orders", withMeta("trace", "v\x00"), `metadata "trace" value`},
+			{"ordering key", "orders", withMeta(forwarder.DefaultKeyMetadataField, "customer\x007"), "ordering key"},
+		}
+		var good []string
+		for _, c := range cases {
+			err := pub.Publish(c.topic, c.msg)
+			if !errors.Is(err, forwarder.ErrInvalidMessage) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "NUL") {
+				t.Fatalf("NUL in the %s: want ErrInvalidMessage naming the %s and the NUL byte, got %v", c.name, c.want, err)
+			}
+			// The transaction is still usable.
+			m := message.NewMessage(watermill.NewUUID(), []byte("after "+c.name))
+			if err := pub.Publish("orders", m); err != nil {
+				t.Fatalf("publish after refusing a NUL in the %s: %v", c.name, err)
+			}
+			good = append(good, m.UUID)
+		}
+		commit(t, ctx, tx)
+		rows := ReadPending(t, ctx, env.DB, d)
+		if len(rows) != len(good) {
+			t.Fatalf("%d rows, want the %d published after the refusals", len(rows), len(good))
+		}
+		for i, r := range rows {
+			if r.UUID != good[i] {
+				t.Fatalf("row %d is %s, want %s", i, r.UUID, good[i])
+			}
+		}
+	})
+
+	// A call that fails writes none of its messages, also when it took
+	// several statements and the database refused only the last one, and
+	// the transaction goes on: what else it holds commits.
+	t.Run("FailedCallWritesNothing", func(t *testing.T) {
+		d := env.NewDialect(t)
+		const refused = "refused-by-the-database"
+		refuseUUID(t, ctx, env, d, refused)
+		tx := src.MustBegin(t, ctx)
+		pub := newPub(t, tx, d)
+		first := message.NewMessage(watermill.NewUUID(), []byte("first"))
+		if err := pub.Publish("orders", first); err != nil {
+			t.Fatal(err)
+		}
+		// The publisher refuses the last message before writing any.
+		msgs := make([]*message.Message, 301)
+		for i := range msgs {
+			msgs[i] = message.NewMessage(watermill.NewUUID(), bytes.Repeat([]byte("x"), 4<<10))
+		}
+		msgs[300].UUID = "nul\x00"
+		if err := pub.Publish("orders", msgs...); !errors.Is(err, forwarder.ErrInvalidMessage) {
+			t.Fatalf("want ErrInvalidMessage, got %v", err)
+		}
+		// The database refuses the last message of a call large enough
+		// to take several INSERT statements on every database (at most
+		// 5,000 rows each on Postgres and SQLite, 10,000 on MySQL).
+		msgs = make([]*message.Message, 10001)
+		for i := range msgs {
+			msgs[i] = message.NewMessage(fmt.Sprintf("bulk-%05d", i), []byte("x"))
+		}
+		msgs[len(msgs)-1].UUID = refused
+		if err := pub.Publish("orders", msgs...); err == nil {
+			t.Fatal("the database accepted the message it must refuse")
+		}
+		last := message.NewMessage(watermill.NewUUID(), []byte("last"))
+		if err := pub.Publish("orders", last); err != nil {
+			t.Fatalf("publish after a failed call: %v", err)
+		}
+		commit(t, ctx, tx)
+		rows := ReadPending(t, ctx, env.DB, d)
+		if len(rows) != 2 || rows[0].UUID != first.UUID || rows[1].UUID != last.UUID {
+			t.Fatalf("%d rows; want only the 2 messages of the calls that succeeded", len(rows))
+		}
+	})
+
+	// The largest payload the publisher accepts is stored byte for byte,
+	// even when every byte needs escaping; one byte more is refused with an
+	// error that names the limit.
+	t.Run("PayloadAtTheLimit", func(t *testing.T) {
+		d := env.NewDialect(t)
+		id := watermill.NewUUID()
+		limit, name := PayloadLimit(d, "limit", id)
+		tx := src.MustBegin(t, ctx)
+		pub := newPub(t, tx, d)
+		over := message.NewMessage(watermill.NewUUID(), make([]byte, limit+1))
+		if err := pub.Publish("limit", over); !errors.Is(err, forwarder.ErrInvalidMessage) || !strings.Contains(err.Error(), name) {
+			t.Fatalf("payload of %d bytes: want ErrInvalidMessage naming %s, got %v", limit+1, name, err)
+		}
+		at := message.NewMessage(id, make([]byte, limit))
+		if err := pub.Publish("limit", at); err != nil {
+			t.Fatalf("payload of %d bytes (%s): %v", limit, name, err)
+		}
+		commit(t, ctx, tx)
+		rows := ReadPending(t, ctx, env.DB, d)
+		if len(rows) != 1 || rows[0].UUID != id || !bytes.Equal(rows[0].Payload, at.Payload) {
+			t.Fatalf("%d rows; want the %d-byte payload stored intact", len(rows), limit)
+		}
+	})
+
 	t.Run("BadMessages", func(t *testing.T) {
 		d := env.NewDialect(t)
 		tx := src.MustBegin(t, ctx)
@@ -330,4 +446,34 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 			t.Fatalf("%d rows after rejected publishes", n)
 		}
 	})
+}
+
+// PayloadLimit returns the largest payload the default publisher accepts
+// for a message of topic and uuid without metadata on d, and the name and
+// value of the limit that sets it, as its errors spell them.
+func PayloadLimit(d sqladapters.Dialect, topic, uuid string) (int, string) {
+	limit, name := forwarder.DefaultMaxPayloadBytes, fmt.Sprint("MaxPayloadBytes ", forwarder.DefaultMaxPayloadBytes)
+	if l, ok := d.(forwarder.MessageLimiter); ok {
+		if room := l.MaxMessageBytes() - len(topic) - len(uuid) - len("{}"); room < limit {
+			limit, name = room, fmt.Sprint("MaxMessageBytes ", l.MaxMessageBytes())
+		}
+	}
+	return limit, name
+}
+
+// refuseUUID makes the database itself refuse an outbox row with uuid: a
+// stand-in for a failure the publisher cannot foresee, such as a lock wait
+// timeout.
+func refuseUUID(t testing.TB, ctx context.Context, env Env, d sqladapters.Dialect, uuid string) {
+	t.Helper()
+	stmt := `ALTER TABLE ` + d.OutboxTable() + ` ADD CHECK (uuid <> '` + uuid + `')`
+	if d.Name() == "sqlite" {
+		// SQLite cannot add a constraint to a table; a trigger refuses.
+		trigger := `"` + strings.Trim(d.OutboxTable(), `"`) + `_refuse"`
+		stmt = `CREATE TRIGGER ` + trigger + ` BEFORE INSERT ON ` + d.OutboxTable() +
+			` WHEN NEW.uuid = '` + uuid + `' BEGIN SELECT RAISE(ABORT, 'refused'); END`
+	}
+	if _, err := env.DB.Exec(ctx, stmt); err != nil {
+		t.Fatalf("make the database refuse %s: %v", uuid, err)
+	}
 }

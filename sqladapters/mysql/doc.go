@@ -29,10 +29,15 @@
 //   - charset/collation: keep utf8mb4 (the driver's default). A utf8
 //     (utf8mb3) connection cannot carry four-byte characters such as emoji
 //     in metadata.
-//   - The server's max_allowed_packet must exceed Options.MaxInsertBytes
-//     and twice the largest message (payload plus metadata). The driver
-//     reads the server's value when maxAllowedPacket=0; its default of 64
-//     MiB only limits the client side.
+//   - Options.MaxAllowedPacket must not exceed the server's
+//     max_allowed_packet (DetectMaxAllowedPacket reads it). The dialect
+//     limits a message to half of it (Dialect.MaxMessageBytes: escaping
+//     may double every byte) and the publisher refuses larger ones, so a
+//     statement never outgrows a packet; the server would refuse it and
+//     close the connection. The default, 16 MiB, is MariaDB's; on MySQL
+//     5.7 (4 MiB) set it lower. The driver reads the server's value when
+//     maxAllowedPacket=0; its default of 64 MiB only limits the client
+//     side.
 //   - sql_mode should stay strict (STRICT_TRANS_TABLES, the default since
 //     MySQL 5.7 and MariaDB 10.2.4), so an over-long topic fails instead of
 //     being cut.
@@ -74,7 +79,9 @@
 // # Tables
 //
 // The outbox keeps payloads as LONGBLOB (any bytes) and metadata as
-// LONGTEXT holding the JSON object the publisher wrote, byte for byte. A
+// LONGTEXT holding the JSON object the publisher wrote, byte for byte.
+// Topics, UUIDs and ordering keys are LONGTEXT too, and no index holds
+// them, so their length is bounded only by the message limit. A
 // JSON column would validate and, on MySQL, reorder it on every insert for
 // no gain: the forwarder reads it back whole. Ids are BIGINT
 // AUTO_INCREMENT. On MySQL before 8.0 and MariaDB before 10.2.4 a server

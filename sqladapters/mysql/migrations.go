@@ -77,6 +77,22 @@ func (d *Dialect) Migrations() []sqladapters.Migration {
 	KEY received_idx (received_at)
 )` + tableOptions,
 		},
+	}, {
+		Version: 2,
+		Name:    "long topics, UUIDs and ordering keys",
+		Statements: []string{
+			// TEXT holds 65,535 bytes, so a longer ordering key (or topic,
+			// or UUID) failed the insert. LONGTEXT takes the same room per
+			// row; what bounds a message now is max_allowed_packet (see
+			// Dialect.MaxMessageBytes). No index holds these columns: the
+			// backoff check finds rows by key_hash and compares the keys.
+			// Changing the column type may copy the table, which the
+			// forwarder keeps small. Running it again changes nothing.
+			`ALTER TABLE ` + d.outbox + `
+	MODIFY topic  LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+	MODIFY uuid   LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+	MODIFY ` + "`key`" + ` LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL`,
+		},
 	}}
 }
 

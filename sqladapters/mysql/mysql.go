@@ -40,6 +40,21 @@ const (
 	// max_allowed_packet (4 MiB on MySQL 5.7; 16 MiB on MariaDB, 64 MiB on
 	// MySQL 8), and it is large enough that round trips stop mattering.
 	DefaultMaxInsertBytes = 2 << 20
+	// DefaultMaxAllowedPacket is the server's max_allowed_packet the
+	// dialect assumes when Options leaves MaxAllowedPacket zero: MariaDB's
+	// default (MySQL 8.0 has 64 MiB, MySQL 5.7 4 MiB).
+	DefaultMaxAllowedPacket = 16 << 20
+	// MinMaxAllowedPacket is the smallest Options.MaxAllowedPacket, and
+	// the smallest max_allowed_packet MySQL accepts.
+	MinMaxAllowedPacket = 1 << 10
+
+	// packetReserve is the room an INSERT of one message needs besides
+	// its escaped arguments: the statement text, the qualified table name
+	// and the packet's command byte.
+	packetReserve = 512
+	// savepoint names the savepoint a Publish call of several statements
+	// writes under.
+	savepoint = `millbox_publish`
 
 	// rowsPerInsert keeps one INSERT (6 placeholders a row) under MySQL's
 	// 65,535 placeholders per statement.
@@ -90,8 +105,17 @@ type Options struct {
 	// every argument byte twice (escaping may double it). A Publish call
 	// over the budget is split into several INSERTs; a single larger
 	// message goes alone. Keep it below the server's max_allowed_packet.
-	// Defaults to DefaultMaxInsertBytes.
+	// Defaults to DefaultMaxInsertBytes, or less when MaxAllowedPacket
+	// leaves less room; a larger value than MaxAllowedPacket allows is
+	// refused.
 	MaxInsertBytes int
+	// MaxAllowedPacket is the server's max_allowed_packet, the largest
+	// statement it accepts. The dialect derives MaxMessageBytes from it,
+	// and the publisher refuses a larger message with
+	// forwarder.ErrInvalidMessage instead of sending a statement the
+	// server would refuse (closing the connection). DetectMaxAllowedPacket
+	// reads the value from the server. Defaults to DefaultMaxAllowedPacket.
+	MaxAllowedPacket int
 }
 
 // Dialect is the MySQL/MariaDB dialect. Build it with New.
@@ -107,7 +131,8 @@ func New(opts Options) (*Dialect, error) {
 	opts.OutboxTable = cmp.Or(opts.OutboxTable, DefaultOutboxTable)
 	opts.InboxTable = cmp.Or(opts.InboxTable, DefaultInboxTable)
 	opts.MigrationLockTimeout = cmp.Or(opts.MigrationLockTimeout, DefaultMigrationLockTimeout)
-	opts.MaxInsertBytes = cmp.Or(opts.MaxInsertBytes, DefaultMaxInsertBytes)
+	opts.MaxAllowedPacket = cmp.Or(opts.MaxAllowedPacket, DefaultMaxAllowedPacket)
+	opts.MaxInsertBytes = cmp.Or(opts.MaxInsertBytes, max(1, min(DefaultMaxInsertBytes, opts.MaxAllowedPacket-packetReserve)))
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -150,6 +175,13 @@ func (o Options) validate() error {
 	}
 	if o.MaxInsertBytes < 0 {
 		return fmt.Errorf("millbox: mysql.Options.MaxInsertBytes %d is negative", o.MaxInsertBytes)
+	}
+	if o.MaxAllowedPacket < MinMaxAllowedPacket {
+		return fmt.Errorf("millbox: mysql.Options.MaxAllowedPacket %d is below MySQL's minimum of %d", o.MaxAllowedPacket, MinMaxAllowedPacket)
+	}
+	if o.MaxInsertBytes > o.MaxAllowedPacket-packetReserve {
+		return fmt.Errorf("millbox: mysql.Options.MaxInsertBytes %d does not fit MaxAllowedPacket %d with %d bytes for the statement",
+			o.MaxInsertBytes, o.MaxAllowedPacket, packetReserve)
 	}
 	return nil
 }
@@ -298,6 +330,45 @@ func skipLockedIn(version string) (bool, error) {
 		return major > 10 || major == 10 && minor >= 6, nil
 	}
 	return major > 8 || major == 8 && (minor > 0 || patch >= 1), nil
+}
+
+// MaxMessageBytes is the largest message the dialect stores, counting its
+// topic, UUID, payload, metadata and ordering key: half of
+// Options.MaxAllowedPacket, less the room of the statement. Escaping, which
+// the driver applies with interpolateParams=true, may double every byte,
+// and a message larger than MaxAllowedPacket/2 would then not fit one
+// statement. The publisher refuses larger messages before it writes
+// anything.
+func (d *Dialect) MaxMessageBytes() int { return (d.opts.MaxAllowedPacket - packetReserve) / 2 }
+
+// Savepoint returns the statements the publisher writes a call of several
+// INSERTs under: a failed INSERT undoes only itself in MySQL, so without
+// the savepoint the earlier INSERTs of a failed call would stay in the
+// transaction.
+func (d *Dialect) Savepoint() (set, rollback, release sqladapters.Query) {
+	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
+		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
+		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
+}
+
+// DetectMaxAllowedPacket reads the server's max_allowed_packet through e.
+// Pass the result as Options.MaxAllowedPacket.
+func DetectMaxAllowedPacket(ctx context.Context, e sqladapters.Executor) (int, error) {
+	rows, err := e.Query(ctx, `SELECT @@max_allowed_packet`)
+	if err != nil {
+		return 0, fmt.Errorf("millbox: mysql: read max_allowed_packet: %w", err)
+	}
+	defer rows.Close()
+	var n int64
+	if rows.Next() {
+		err = rows.Scan(&n)
+	} else if err = rows.Err(); err == nil {
+		err = errors.New("no row")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("millbox: mysql: read max_allowed_packet: %w", err)
+	}
+	return int(n), nil
 }
 
 // fitKey returns s when it fits a VARBINARY(limit) key column and its

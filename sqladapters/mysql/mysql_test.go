@@ -106,6 +106,8 @@ func TestMySQLNewRejectsBadOptions(t *testing.T) {
 	for name, opts := range map[string]Options{
 		"negative lock timeout": {MigrationLockTimeout: -time.Second},
 		"negative insert bytes": {MaxInsertBytes: -1},
+		"tiny packet":           {MaxAllowedPacket: 100},
+		"insert over packet":    {MaxAllowedPacket: 4 << 20, MaxInsertBytes: 4 << 20},
 	} {
 		if _, err := New(opts); err == nil || !strings.Contains(err.Error(), "mysql.Options.") {
 			t.Fatalf("%s: want an error naming the field, got %v", name, err)
@@ -394,5 +396,25 @@ func TestMySQLClassifyError(t *testing.T) {
 	plain := errors.New("x")
 	if d.ClassifyError(plain) != plain || d.ClassifyError(nil) != nil {
 		t.Fatal("non-MySQL errors must pass unchanged")
+	}
+}
+
+// A message of MaxMessageBytes fits MaxAllowedPacket even when escaping
+// doubles every byte, and MaxInsertBytes follows a small packet down.
+func TestMySQLMessageLimitFitsThePacket(t *testing.T) {
+	for _, packet := range []int{MinMaxAllowedPacket, 4 << 20, DefaultMaxAllowedPacket, 64 << 20} {
+		d := MustNew(Options{MaxAllowedPacket: packet})
+		m := sqladapters.OutboxMessage{Topic: "t", UUID: "u", Metadata: []byte("{}")}
+		m.Payload = make([]byte, d.MaxMessageBytes()-len(m.Topic)-len(m.UUID)-len(m.Metadata))
+		q := d.InsertOutbox([]sqladapters.OutboxMessage{m})[0]
+		if size := len(q.SQL) + 2*(len(m.Topic)+len(m.UUID)+len(m.Payload)+len(m.Metadata)) + 64; size > packet {
+			t.Fatalf("packet %d: a message of MaxMessageBytes %d makes a statement of up to %d bytes", packet, d.MaxMessageBytes(), size)
+		}
+		if d.opts.MaxInsertBytes > packet-packetReserve {
+			t.Fatalf("packet %d: MaxInsertBytes %d leaves no room for the statement", packet, d.opts.MaxInsertBytes)
+		}
+	}
+	if got := MustNew(Options{}).MaxMessageBytes(); got != (DefaultMaxAllowedPacket-packetReserve)/2 {
+		t.Fatalf("default MaxMessageBytes %d", got)
 	}
 }

@@ -4,10 +4,13 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
-// Migrations lists the schema versions.
+// Migrations lists the schema versions. With Options.Partitioned,
+// version 1 creates the partitioned outbox instead (see layout); every
+// later version applies to both layouts, so its statements must work on
+// a partitioned table too.
 func (d *Dialect) Migrations() []sqladapters.Migration {
 	o, t := d.outbox, d.opts.OutboxTable
-	return []sqladapters.Migration{{
+	ms := []sqladapters.Migration{{
 		Version: 1,
 		Name:    "outbox, leases and inbox",
 		Statements: []string{
@@ -51,7 +54,23 @@ func (d *Dialect) Migrations() []sqladapters.Migration {
 )`,
 			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
 		},
+	}, {
+		Version: 2,
+		Name:    "retry index on the key hash",
+		Statements: []string{
+			// A btree entry holds at most 2,704 bytes, so version 1's
+			// retry index on the key itself failed every RecordFailure of
+			// a row with a longer key, and such a row was retried forever.
+			// The index now holds the fixed-width key hash; the backoff
+			// check compares the full keys of the rows it finds. The index
+			// holds only rows waiting for a retry, so it is rebuilt in
+			// moments.
+			`DROP INDEX IF EXISTS ` + d.qualify(t+"_retry_idx"),
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_retry_idx") + ` ON ` + o +
+				` (key_hash, id) WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL`,
+		},
 	}}
+	return d.layout(ms)
 }
 
 // LockMigrations takes a transaction-scoped advisory lock named after the

@@ -7,17 +7,60 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
-// InsertOutbox inserts msgs with one multi-row INSERT per 5,000 messages.
-// With notifications on, the last statement also calls pg_notify in the
-// same round trip; Postgres delivers it on commit and folds repeats within
-// one transaction into one.
+const (
+	// MaxMessageBytes is the largest message the dialect stores, counting
+	// its topic, UUID, payload, metadata and ordering key. The metadata
+	// goes into a jsonb column, which holds at most 255 MiB, and jsonb's
+	// form of a map of many short fields can exceed its JSON text by a
+	// third; 192 MiB stays below that whatever the fields.
+	MaxMessageBytes = 192 << 20
+
+	// insertBudget bounds the argument bytes of one INSERT, counted twice
+	// (drivers sending text parameters, such as lib/pq, hex-encode bytea),
+	// so that a statement stays far below the 1 GiB Postgres accepts in
+	// one protocol message.
+	insertBudget = 256 << 20
+
+	// savepoint names the savepoint a Publish call of several statements
+	// writes under.
+	savepoint = `millbox_publish`
+)
+
+// InsertOutbox inserts msgs with one multi-row INSERT per 5,000 messages,
+// or per insertBudget bytes when the messages are large. With
+// notifications on, the last statement also calls pg_notify in the same
+// round trip; Postgres delivers it on commit and folds repeats within one
+// transaction into one.
 func (d *Dialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query {
 	var qs []sqladapters.Query
-	for start := 0; start < len(msgs); start += rowsPerInsert {
-		end := min(start+rowsPerInsert, len(msgs))
+	for start := 0; start < len(msgs); {
+		end, size := start, 0
+		for end < len(msgs) && end-start < rowsPerInsert {
+			m := msgs[end]
+			n := 2 * (len(m.Topic) + len(m.UUID) + len(m.Payload) + len(m.Metadata) + len(m.Key))
+			if end > start && size+n > insertBudget {
+				break
+			}
+			size += n
+			end++
+		}
 		qs = append(qs, d.insertChunk(msgs[start:end], end == len(msgs) && d.channel != ""))
+		start = end
 	}
 	return qs
+}
+
+// MaxMessageBytes returns MaxMessageBytes; the publisher refuses larger
+// messages before it writes anything.
+func (d *Dialect) MaxMessageBytes() int { return MaxMessageBytes }
+
+// Savepoint returns the statements the publisher writes a call of several
+// INSERTs under, so that a failed call leaves nothing behind and the
+// transaction usable.
+func (d *Dialect) Savepoint() (set, rollback, release sqladapters.Query) {
+	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
+		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
+		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
 }
 
 func (d *Dialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) sqladapters.Query {

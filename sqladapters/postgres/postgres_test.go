@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -27,24 +28,24 @@ func TestNewRejectsHostileNames(t *testing.T) {
 }
 
 func TestNamesAreQuotedAndQualified(t *testing.T) {
-	d := postgres.MustNew(postgres.Options{Schema: "app", OutboxTable: "events"})
+	d := postgres.MustNew(postgres.Options{Schema: "app", OutboxTable: "events", Notify: true})
 	if d.OutboxTable() != `"app"."events"` || d.InboxTable() != `"app"."millbox_inbox"` {
 		t.Fatalf("names %s %s", d.OutboxTable(), d.InboxTable())
 	}
 	if d.NotifyChannel() != "millbox_app_events" {
 		t.Fatalf("channel %q", d.NotifyChannel())
 	}
-	long := postgres.MustNew(postgres.Options{Schema: strings.Repeat("s", 40), OutboxTable: strings.Repeat("t", 40)})
+	long := postgres.MustNew(postgres.Options{Schema: strings.Repeat("s", 40), OutboxTable: strings.Repeat("t", 40), Notify: true})
 	if c := long.NotifyChannel(); len(c) > 63 {
 		t.Fatalf("channel %q longer than 63 bytes", c)
 	}
-	if postgres.MustNew(postgres.Options{DisableNotify: true}).NotifyChannel() != "" {
-		t.Fatal("notify not disabled")
+	if postgres.MustNew(postgres.Options{}).NotifyChannel() != "" {
+		t.Fatal("notify is on by default")
 	}
 }
 
 func TestInsertOutboxChunksUnderTheParameterLimit(t *testing.T) {
-	d := postgres.MustNew(postgres.Options{})
+	d := postgres.MustNew(postgres.Options{Notify: true})
 	msgs := make([]sqladapters.OutboxMessage, 12001)
 	qs := d.InsertOutbox(msgs)
 	if len(qs) != 3 {
@@ -89,7 +90,7 @@ func (e pgErr) SQLState() string { return string(e) }
 // the dialect builds: its placeholders are exactly $1..$n for n arguments,
 // and every table it names is quoted and in the configured schema.
 func TestEveryStatementBindsItsArgsAndQualifiesItsTables(t *testing.T) {
-	d := postgres.MustNew(postgres.Options{Schema: "app", OutboxTable: "events"})
+	d := postgres.MustNew(postgres.Options{Schema: "app", OutboxTable: "events", Notify: true})
 	placeholder := regexp.MustCompile(`\$(\d+)`)
 	table := regexp.MustCompile(`(?i)\b(?:FROM|INTO|UPDATE|JOIN|TABLE(?: IF NOT EXISTS)?|ON) +("[^"]+"(?:\."[^"]+")?)`)
 	for name, q := range dialecttest.Statements(d) {
@@ -111,5 +112,19 @@ func TestEveryStatementBindsItsArgsAndQualifiesItsTables(t *testing.T) {
 				t.Errorf("%s: table %s outside the schema:\n%s", name, m[1], q.SQL)
 			}
 		}
+	}
+}
+
+// Large messages split an insert by size, so that one statement stays far
+// below the 1 GiB Postgres accepts in a protocol message.
+func TestInsertOutboxChunksLargeMessagesBySize(t *testing.T) {
+	d := postgres.MustNew(postgres.Options{})
+	big := sqladapters.OutboxMessage{Topic: "t", UUID: "u", Payload: make([]byte, 100<<20)}
+	var rows []int
+	for _, q := range d.InsertOutbox([]sqladapters.OutboxMessage{big, big, big, big, {Topic: "t", UUID: "v"}}) {
+		rows = append(rows, len(q.Args)/6)
+	}
+	if fmt.Sprint(rows) != "[1 1 1 2]" {
+		t.Fatalf("rows per statement %v, want [1 1 1 2]", rows)
 	}
 }

@@ -55,6 +55,19 @@ func (d *Dialect) Migrations() []sqladapters.Migration {
 ) WITHOUT ROWID`,
 			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
 		},
+	}, {
+		Version: 2,
+		Name:    "retry index on the key hash",
+		Statements: []string{
+			// Version 1 indexed the key itself: every entry carried a copy
+			// of a key of any length. The index now holds the fixed-width
+			// key hash; the backoff check compares the full keys of the
+			// rows it finds. It holds only rows waiting for a retry, so it
+			// is rebuilt in moments.
+			`DROP INDEX IF EXISTS ` + quote(t+"_retry_idx"),
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_retry_idx") + ` ON ` + o +
+				` (key_hash, id) WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL`,
+		},
 	}}
 }
 

@@ -6,6 +6,30 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
+const (
+	// MaxMessageBytes is the largest message the dialect stores, counting
+	// its topic, UUID, payload, metadata and ordering key. SQLite's
+	// default SQLITE_MAX_LENGTH, 1,000,000,000 bytes, bounds every value
+	// and every row; this leaves room for the row's other columns.
+	MaxMessageBytes = 1_000_000_000 - 1<<16
+
+	// savepoint names the savepoint a Publish call of several statements
+	// writes under.
+	savepoint = `millbox_publish`
+)
+
+// MaxMessageBytes returns MaxMessageBytes; the publisher refuses larger
+// messages before it writes anything.
+func (d *Dialect) MaxMessageBytes() int { return MaxMessageBytes }
+
+// Savepoint returns the statements the publisher writes a call of several
+// INSERTs under, so that a failed call leaves nothing behind.
+func (d *Dialect) Savepoint() (set, rollback, release sqladapters.Query) {
+	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
+		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
+		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
+}
+
 // InsertOutbox inserts msgs with one multi-row INSERT per 5,000 messages.
 // SQLite assigns ids in VALUES order, and AUTOINCREMENT keeps them above
 // every id ever used. There is no notification: forwarders poll.

@@ -1,0 +1,39 @@
+package forwarder
+
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/sqladapters/postgres"
+)
+
+func TestKeyHashOfEmptyKeyIsFixed(t *testing.T) {
+	// FNV-1a of no bytes, in 31 bits.
+	if got := KeyHash(""); got != 18652613 {
+		t.Fatalf("KeyHash(\"\") = %d, want 18652613", got)
+	}
+}
+
+// Messages without a key spread over the partitions by their UUID, the
+// same way on every instance.
+func TestKeylessMessagesSpreadByUUID(t *testing.T) {
+	p, err := NewContextPublisher(PublisherConfig{Dialect: postgres.MustNew(postgres.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int32]bool{}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		row, err := p.toRow("t", 0, message.NewMessage(id, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if row.KeyHash != KeyHash(id) {
+			t.Fatalf("message %s without key: hash %d, want KeyHash of its UUID %d", id, row.KeyHash, KeyHash(id))
+		}
+		seen[row.KeyHash] = true
+	}
+	if len(seen) < 2 {
+		t.Fatal("messages without a key all landed on one hash")
+	}
+}

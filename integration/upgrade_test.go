@@ -1,0 +1,82 @@
+package integration_test
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"testing"
+	"time"
+
+	"github.com/millbox/millbox/integration/testenv"
+	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/mysql"
+	"github.com/millbox/millbox/sqladapters/pgxv5"
+	"github.com/millbox/millbox/sqladapters/postgres"
+	"github.com/millbox/millbox/sqladapters/sqlite"
+	"github.com/millbox/millbox/sqladapters/stdsql"
+)
+
+// firstMigration is a dialect whose migrations end at version 1, as an
+// installation made before version 2 existed has them.
+type firstMigration struct{ sqladapters.Dialect }
+
+func (f firstMigration) Migrations() []sqladapters.Migration { return f.Dialect.Migrations()[:1] }
+
+// TestUpgradeFromVersion1 migrates an installation of version 1 that holds
+// rows, one of them waiting for a retry, to the latest version: the rows
+// keep their order rules, and ordering keys of any length then work.
+func TestUpgradeFromVersion1(t *testing.T) {
+	t.Run("Postgres", func(t *testing.T) {
+		pool := testenv.Postgres(t)
+		d := postgres.MustNew(postgres.Options{Schema: testenv.PostgresSchema(t, pool)})
+		upgradeFromVersion1(t, &dialectOps{t: t, ctx: testenv.Ctx(t, time.Minute), db: pgxv5.WrapPool(pool), d: d})
+	})
+	t.Run("MySQL", func(t *testing.T) {
+		raw := testenv.MySQL(t)
+		d := mysql.MustNew(testenv.MySQLNames(t, raw, mysql.Options{}))
+		upgradeFromVersion1(t, &dialectOps{t: t, ctx: testenv.Ctx(t, time.Minute), db: stdsql.WrapDB(raw), d: d})
+	})
+	t.Run("SQLite", func(t *testing.T) {
+		db := stdsql.WrapDB(testenv.SQLite(t, testenv.SQLitePath(t)))
+		upgradeFromVersion1(t, &dialectOps{t: t, ctx: testenv.Ctx(t, time.Minute), db: db, d: sqlite.MustNew(sqlite.Options{})})
+	})
+}
+
+func upgradeFromVersion1(t *testing.T, o *dialectOps) {
+	if err := sqladapters.Migrate(o.ctx, o.db, firstMigration{o.d}); err != nil {
+		t.Fatalf("migrate to version 1: %v", err)
+	}
+	ids := o.insert(
+		sqladapters.OutboxMessage{UUID: "a1", Key: "a", KeyHash: 7},
+		sqladapters.OutboxMessage{UUID: "a2", Key: "a", KeyHash: 7},
+		sqladapters.OutboxMessage{UUID: "b1", Key: "b", KeyHash: 7},
+	)
+	o.exec(o.d.RecordFailure(sqladapters.Failure{ID: ids[0], Attempts: 1, Error: "down", Backoff: time.Hour}))
+	if err := sqladapters.Migrate(o.ctx, o.db, o.d); err != nil {
+		t.Fatalf("upgrade: %v", err)
+	}
+	if got := o.ints(o.d.AppliedMigrations()); len(got) != len(o.d.Migrations()) {
+		t.Fatalf("applied versions %v, want all %d", got, len(o.d.Migrations()))
+	}
+	// a1 still waits for its retry and holds a2 back; b shares a's hash
+	// and goes ahead.
+	if got := uuidsOf(o.pending(sqladapters.PendingQuery{})); got != "b1" {
+		t.Fatalf("after the upgrade, pending %s; want b1 alone", got)
+	}
+	// A key longer than any index entry backs off, is dead-lettered and
+	// holds back its later rows until then.
+	b := make([]byte, 70<<10)
+	_, _ = rand.Read(b)
+	long := base64.RawURLEncoding.EncodeToString(b)[:70<<10]
+	ids = o.insert(
+		sqladapters.OutboxMessage{UUID: "l1", Key: long, KeyHash: 9},
+		sqladapters.OutboxMessage{UUID: "l2", Key: long, KeyHash: 9},
+	)
+	o.exec(o.d.RecordFailure(sqladapters.Failure{ID: ids[0], Attempts: 1, Error: "down", Backoff: time.Hour}))
+	if got := uuidsOf(o.pending(sqladapters.PendingQuery{})); got != "b1" {
+		t.Fatalf("with l1 backing off, pending %s; want b1 alone", got)
+	}
+	o.exec(o.d.RecordFailure(sqladapters.Failure{ID: ids[0], Attempts: 2, Error: "gone", Dead: true}))
+	if got := uuidsOf(o.pending(sqladapters.PendingQuery{})); got != "b1 l2" {
+		t.Fatalf("with l1 dead, pending %s; want b1 l2", got)
+	}
+}
