@@ -2,6 +2,7 @@ package forwarder
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -10,36 +11,75 @@ import (
 // deleteChunk bounds the ids of one delete statement.
 const deleteChunk = 5000
 
-// enqueueAck hands published ids to the deleter. They stay excluded from
-// reads until deleted. It blocks while the deleter is one batch behind,
-// which bounds both the exclusion list and the work lost to a crash.
-func (f *Forwarder) enqueueAck(ids []int64) {
-	f.ackMu.Lock()
-	for _, id := range ids {
-		f.ackPending[id] = struct{}{}
-	}
-	f.ackMu.Unlock()
-	f.ackWG.Add(1)
-	f.ackCh <- ids
+// deleter removes published rows (or stamps them, with KeepForwarded) in
+// the background, in as few statements as the backlog allows, and reports
+// each batch back once it is gone.
+type deleter struct {
+	f    *Forwarder
+	mu   sync.Mutex
+	ids  []int64
+	more chan struct{} // signalled when ids grew
+	quit chan struct{} // closed by close: flush and stop
+	done chan struct{}
+	out  chan<- []int64
 }
 
-// ackLoop deletes (or marks) published rows until ackCh is closed.
-func (f *Forwarder) ackLoop() {
-	for ids := range f.ackCh {
-		f.complete(ids)
-		f.ackMu.Lock()
-		for _, id := range ids {
-			delete(f.ackPending, id)
+func newDeleter(f *Forwarder, out chan<- []int64) *deleter {
+	d := &deleter{f: f, more: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), out: out}
+	go d.loop()
+	return d
+}
+
+// add never blocks: the dispatcher hands over ids and moves on.
+func (d *deleter) add(ids []int64) {
+	d.mu.Lock()
+	d.ids = append(d.ids, ids...)
+	d.mu.Unlock()
+	select {
+	case d.more <- struct{}{}:
+	default:
+	}
+}
+
+// close flushes what was added and waits for the loop to end.
+func (d *deleter) close() {
+	close(d.quit)
+	<-d.done
+}
+
+func (d *deleter) loop() {
+	defer close(d.done)
+	for {
+		d.mu.Lock()
+		ids := d.ids
+		d.ids = nil
+		d.mu.Unlock()
+		if len(ids) > 0 {
+			d.complete(ids)
+			select {
+			case d.out <- ids:
+			case <-d.quit: // the dispatcher is gone
+			}
+			continue
 		}
-		f.ackMu.Unlock()
-		f.ackWG.Done()
+		select {
+		case <-d.more:
+		case <-d.quit:
+			d.mu.Lock()
+			empty := len(d.ids) == 0
+			d.mu.Unlock()
+			if empty {
+				return
+			}
+		}
 	}
 }
 
 // complete retries until the rows are gone or CloseTimeout passed; rows it
 // cannot delete stay in the outbox and are published again later (at least
 // once).
-func (f *Forwarder) complete(ids []int64) {
+func (d *deleter) complete(ids []int64) {
+	f := d.f
 	deadline := time.Now().Add(max(f.cfg.CloseTimeout, time.Second))
 	delay := 50 * time.Millisecond
 	for start := 0; start < len(ids); {
@@ -51,6 +91,7 @@ func (f *Forwarder) complete(ids []int64) {
 			start = end
 			continue
 		}
+		f.reportError(err)
 		if time.Now().After(deadline) {
 			f.cfg.Logger.Error("millbox forwarder: cannot remove published rows; they will be published again", err,
 				watermill.LogFields{"rows": end - start})

@@ -3,6 +3,7 @@ package forwarder
 import (
 	"cmp"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -14,26 +15,30 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultBatchSize     = 2000
-	DefaultConcurrency   = 256
-	DefaultPublishBatch  = 100
-	DefaultPollInterval  = time.Second
-	DefaultPartitions    = 16
-	DefaultLeaseTTL      = 15 * time.Second
-	DefaultMinBackoff    = time.Second
-	DefaultMaxBackoff    = 5 * time.Minute
-	DefaultBackoffJitter = 0.2
-	DefaultMaxAttempts   = 10
-	DefaultCloseTimeout  = 30 * time.Second
+	DefaultBatchSize      = 2000
+	DefaultConcurrency    = 256
+	DefaultPublishBatch   = 100
+	DefaultPollInterval   = time.Second
+	DefaultPartitions     = 16
+	DefaultLeaseTTL       = 15 * time.Second
+	DefaultMinBackoff     = time.Second
+	DefaultMaxBackoff     = 5 * time.Minute
+	DefaultBackoffJitter  = 0.2
+	DefaultMaxAttempts    = 10
+	DefaultCloseTimeout   = 30 * time.Second
+	DefaultPublishTimeout = 30 * time.Second
+	DefaultWatchInterval  = 5 * time.Millisecond
 )
 
 // Config configures a Forwarder. Pass it by value; New applies defaults to
 // its copy and validates it.
 type Config struct {
 	// DB is where the outbox lives: pgxv5.WrapPool(pool),
-	// stdsql.WrapDB(db) or wmsql.WrapBeginner(b). Required. When it can
-	// listen for notifications (pgxv5.WrapPool) and the dialect notifies,
-	// the forwarder wakes up on every commit; otherwise it polls.
+	// stdsql.WrapDB(db) or wmsql.WrapBeginner(b). Required. The
+	// forwarder finds new rows by watching the outbox's high-water mark
+	// (WatchInterval); when the DB can listen for notifications
+	// (pgxv5.WrapPool) and the dialect notifies (postgres.Options.Notify),
+	// it wakes up on every commit instead.
 	DB sqladapters.DB
 	// Dialect describes the database and the outbox table. Required.
 	Dialect sqladapters.Dialect
@@ -58,9 +63,19 @@ type Config struct {
 	// one round trip. 1 publishes every message on its own. Defaults to
 	// DefaultPublishBatch.
 	PublishBatch int
-	// PollInterval is how often an idle forwarder looks for rows when no
-	// notification arrives. Defaults to DefaultPollInterval.
+	// PollInterval is how often an idle forwarder reads the outbox when
+	// nothing told it of new rows; it also finds rows whose retry came
+	// due. Defaults to DefaultPollInterval.
 	PollInterval time.Duration
+	// WatchInterval is how often an idle forwarder looks at the outbox's
+	// high-water mark (the position of its id sequence: one cheap
+	// query), reading the outbox only when it moved. This finds new rows
+	// within a few milliseconds of their commit without NOTIFY. Unused
+	// while a notification listener runs (Postgres with Options.Notify
+	// and pgxv5.WrapPool). Defaults to DefaultWatchInterval; a negative
+	// value turns watching off (the forwarder then reads every
+	// PollInterval, or when notified).
+	WatchInterval time.Duration
 
 	// Partitions splits the outbox by ordering key between forwarder
 	// instances: each partition is leased by one instance at a time.
@@ -89,12 +104,25 @@ type Config struct {
 	// KeepForwarded keeps published rows, stamped with published_at, for
 	// audit, instead of deleting them. Defaults to false.
 	KeepForwarded bool
+	// PublishTimeout bounds one Publish call of the destination. A call
+	// that has not returned by then counts as a failed attempt of its
+	// first message (with backoff), and the key stays held until the call
+	// really returns: a late success can only produce a duplicate, never
+	// let a later message of the key overtake. Other keys keep flowing.
+	// Defaults to DefaultPublishTimeout.
+	PublishTimeout time.Duration
 	// CloseTimeout bounds Close. Defaults to DefaultCloseTimeout.
 	CloseTimeout time.Duration
 
-	// Logger defaults to watermill.NopLogger.
+	// Logger receives the forwarder's logs. Defaults to the log/slog
+	// default logger, with Watermill's info level mapped to slog's debug
+	// level, so that errors and warnings show and routine retries do not.
 	Logger watermill.LoggerAdapter
-	// Hooks receive metrics events. All optional.
+	// Telemetry sets the OpenTelemetry providers for the forwarder's
+	// metrics and send spans. Zero value: the global providers, which do
+	// nothing until the application installs an SDK.
+	Telemetry Telemetry
+	// Hooks receive events as they happen. All optional.
 	Hooks Hooks
 }
 
@@ -108,6 +136,13 @@ type Hooks struct {
 	OnBatch func(BatchStats)
 	// OnFailure is called for every failed attempt.
 	OnFailure func(f sqladapters.Failure, row sqladapters.OutboxRow)
+	// OnError is called when the forwarder itself fails at something it
+	// retries: a read of the outbox, recording a failed attempt, deleting
+	// published rows, renewing leases.
+	OnError func(error)
+	// OnRead is called after each read of the outbox with the number of
+	// rows it returned.
+	OnRead func(rows int)
 }
 
 // BatchStats describes one round of the forwarder.
@@ -121,6 +156,7 @@ func (c *Config) setDefaults() {
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.PublishBatch = cmp.Or(c.PublishBatch, DefaultPublishBatch)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.WatchInterval = cmp.Or(c.WatchInterval, DefaultWatchInterval)
 	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
 	if c.InstanceID == "" {
@@ -135,8 +171,9 @@ func (c *Config) setDefaults() {
 	}
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = defaultLogger()
 	}
 }
 
@@ -160,6 +197,8 @@ func (c Config) Validate() error {
 		return bad("Config.PublishBatch must be between 1 and 10000, got %d", c.PublishBatch)
 	case c.PollInterval < time.Millisecond:
 		return bad("Config.PollInterval must be at least 1ms, got %v", c.PollInterval)
+	case c.WatchInterval > 0 && c.WatchInterval < time.Millisecond:
+		return bad("Config.WatchInterval must be at least 1ms (or negative to turn watching off), got %v", c.WatchInterval)
 	case c.Partitions < 1 || c.Partitions > 4096:
 		return bad("Config.Partitions must be between 1 and 4096, got %d", c.Partitions)
 	case c.LeaseTTL < 300*time.Millisecond:
@@ -172,6 +211,14 @@ func (c Config) Validate() error {
 		return bad("Config.BackoffJitter must be at most 1, got %v", c.BackoffJitter)
 	case c.CloseTimeout < 0:
 		return bad("Config.CloseTimeout must not be negative")
+	case c.PublishTimeout < 0:
+		return bad("Config.PublishTimeout must not be negative")
 	}
 	return nil
+}
+
+// defaultLogger logs errors to the log/slog default logger; Watermill's
+// info level becomes slog's debug level.
+func defaultLogger() watermill.LoggerAdapter {
+	return watermill.NewSlogLoggerWithLevelMapping(nil, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
 }

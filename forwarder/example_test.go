@@ -98,7 +98,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	db := pgxv5.WrapPool(pool) // also wakes the forwarder on LISTEN/NOTIFY
+	db := pgxv5.WrapPool(pool)
 	if err := sqladapters.Migrate(ctx, db, dialect); err != nil {
 		log.Fatal(err)
 	}
@@ -114,9 +114,7 @@ func ExampleNew() {
 	}
 	done := make(chan error, 1)
 	go func() { done <- fw.Run(ctx) }()
-	select {
-	case <-fw.Running():
-	case err := <-done:
+	if err := fw.Ready(ctx); err != nil {
 		log.Fatal(err) // unreachable database, missing tables, ...
 	}
 

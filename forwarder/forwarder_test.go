@@ -2,12 +2,13 @@ package forwarder
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
-
-	"github.com/millbox/millbox/sqladapters"
 )
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {
@@ -60,18 +61,28 @@ func TestKeyHashIsStableAndNonNegative(t *testing.T) {
 	}
 }
 
-func TestGroupByKeyKeepsOrderWithinKeys(t *testing.T) {
-	rows := []sqladapters.OutboxRow{{ID: 1, Key: "a"}, {ID: 2}, {ID: 3, Key: "b"}, {ID: 4, Key: "a"}, {ID: 5}, {ID: 6, Key: "b"}}
-	got := groupByKey(rows)
-	want := [][]int64{{1, 4}, {2}, {3, 6}, {5}}
-	if len(got) != len(want) {
-		t.Fatalf("%d groups, want %d", len(got), len(want))
+func TestDestinationUnavailableTellsOutagesFromMessageErrors(t *testing.T) {
+	outages := []error{
+		ErrDestinationUnavailable,
+		fmt.Errorf("publish: %w", syscall.ECONNREFUSED),
+		&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("boom")},
+		errors.New("kafka: client has run out of available brokers to talk to"),
+		errors.New("Exception (504) Reason: \"channel/connection is not open\""),
+		&PartialError{Delivered: 3, Err: fmt.Errorf("connection lost: %w", ErrDestinationUnavailable)},
 	}
-	for i, g := range got {
-		for j, r := range g {
-			if r.ID != want[i][j] {
-				t.Fatalf("group %d = %v, want %v", i, g, want[i])
-			}
+	for _, err := range outages {
+		if !destinationUnavailable(err) {
+			t.Errorf("%v: not seen as the destination being unavailable", err)
+		}
+	}
+	messageErrors := []error{
+		errors.New("kafka server: Message was too large"),
+		permanentError{errors.New("malformed metadata")},
+		fmt.Errorf("%w: Publish did not return within PublishTimeout 1s", errPublishTimeout),
+	}
+	for _, err := range messageErrors {
+		if destinationUnavailable(err) {
+			t.Errorf("%v: seen as an outage, but it is about the message", err)
 		}
 	}
 }

@@ -12,18 +12,41 @@ import (
 // leaseLoop keeps this instance's fair share of partitions: it heartbeats,
 // renews its leases, claims free or expired partitions up to
 // ceil(partitions / live instances) and releases the excess, every
-// LeaseTTL/3.
+// LeaseTTL/3. Between renewals it counts the live instances every
+// PollInterval, so that when one leaves (or joins) the partitions move
+// within a poll interval rather than a renewal later.
 func (f *Forwarder) leaseLoop(ctx context.Context, ready chan<- struct{}) {
 	interval := f.cfg.LeaseTTL / 3
+	tick := min(interval, f.cfg.PollInterval)
 	readyOnce := false
+	members := -1
+	var lastRound time.Time
 	for {
-		if err := f.leaseRound(ctx); err != nil && ctx.Err() == nil {
-			f.cfg.Logger.Error("millbox forwarder: lease renewal failed; publishing stops when the leases run out", err, nil)
-		} else if !readyOnce && ctx.Err() == nil {
-			readyOnce = true
-			close(ready)
+		// A full round is due at each renewal, and at every tick while
+		// this instance holds less than its share (partitions another
+		// instance is giving back become free at any moment).
+		full := time.Since(lastRound) >= interval || f.short.Load()
+		if !full {
+			// Between renewals: only look whether the share changed.
+			n, err := queryInt(ctx, f.cfg.DB, f.cfg.Dialect.CountMembers())
+			full = err == nil && n != members
 		}
-		t := time.NewTimer(interval)
+		if full {
+			lastRound = time.Now()
+			n, err := f.leaseRound(ctx)
+			if err != nil && ctx.Err() == nil {
+				f.reportError(err)
+				f.cfg.Logger.Error("millbox forwarder: lease renewal failed; publishing stops when the leases run out", err, nil)
+				f.signal()
+			} else if ctx.Err() == nil {
+				members = n
+				if !readyOnce {
+					readyOnce = true
+					close(ready)
+				}
+			}
+		}
+		t := time.NewTimer(tick)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -33,53 +56,72 @@ func (f *Forwarder) leaseLoop(ctx context.Context, ready chan<- struct{}) {
 	}
 }
 
-func (f *Forwarder) leaseRound(ctx context.Context) error {
+// leaseRound renews and rebalances the leases and returns the number of
+// live instances it saw.
+func (f *Forwarder) leaseRound(ctx context.Context) (int, error) {
 	d, db, id, ttl := f.cfg.Dialect, f.cfg.DB, f.cfg.InstanceID, f.cfg.LeaseTTL
 	start := time.Now()
 	if _, err := d.Heartbeat(id, ttl).Exec(ctx, db); err != nil {
-		return fmt.Errorf("heartbeat: %w", d.ClassifyError(err))
+		return 0, fmt.Errorf("heartbeat: %w", d.ClassifyError(err))
 	}
 	members, err := queryInt(ctx, db, d.CountMembers())
 	if err != nil {
-		return fmt.Errorf("count members: %w", d.ClassifyError(err))
+		return 0, fmt.Errorf("count members: %w", d.ClassifyError(err))
 	}
 	share := (f.cfg.Partitions + max(members, 1) - 1) / max(members, 1)
 	if _, err := d.RenewPartitions(id, ttl).Exec(ctx, db); err != nil {
-		return fmt.Errorf("renew leases: %w", d.ClassifyError(err))
+		return 0, fmt.Errorf("renew leases: %w", d.ClassifyError(err))
 	}
 	owned, err := f.ownedPartitions(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	switch {
 	case len(owned) > share:
-		// Release only between rounds, after the deletes of published
-		// rows landed, so the next owner never sees a row in flight.
-		f.batchMu.Lock()
-		f.ackWG.Wait()
+		// Release only while nothing is in flight and the deletes of
+		// published rows landed, so the next owner never sees a row that
+		// is being published.
 		extra := owned[share:]
-		_, err := d.ReleasePartitions(id, extra).Exec(ctx, db)
-		if err == nil {
-			owned = owned[:share]
-			f.setOwned(owned, start)
-			f.discardPrefetch = true
-		}
-		f.batchMu.Unlock()
-		if err != nil {
-			return fmt.Errorf("release partitions: %w", d.ClassifyError(err))
+		if err := f.quiet(ctx, func() error {
+			if _, err := d.ReleasePartitions(id, extra).Exec(ctx, db); err != nil {
+				return err
+			}
+			f.setOwned(owned[:share], start)
+			f.short.Store(false)
+			return nil
+		}); err != nil {
+			return 0, fmt.Errorf("release partitions: %w", d.ClassifyError(err))
 		}
 		f.cfg.Logger.Debug("millbox forwarder: released partitions", watermill.LogFields{"partitions": fmt.Sprint(extra)})
-		return nil
+		return members, nil
 	case len(owned) < share:
 		if _, err := d.ClaimPartitions(id, ttl, share-len(owned)).Exec(ctx, db); err != nil {
-			return fmt.Errorf("claim partitions: %w", d.ClassifyError(err))
+			return 0, fmt.Errorf("claim partitions: %w", d.ClassifyError(err))
 		}
 		if owned, err = f.ownedPartitions(ctx); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	f.setOwned(owned, start)
-	return nil
+	f.short.Store(len(owned) < share)
+	return members, nil
+}
+
+// quiet runs fn while the dispatcher has nothing in flight.
+func (f *Forwarder) quiet(ctx context.Context, fn func() error) error {
+	req := &releaseReq{quiet: make(chan struct{}), done: make(chan struct{})}
+	defer close(req.done)
+	select {
+	case f.releases <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-req.quiet:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return fn()
 }
 
 func (f *Forwarder) ownedPartitions(ctx context.Context) ([]int, error) {

@@ -4,6 +4,12 @@
 // localhost defaults (see testenv). With CI=true a missing service fails the
 // run; elsewhere the test is skipped with a message saying what to start.
 //
+// The outage tests stop a broker in the middle of a stream and start it
+// again. MILLBOX_LONG=1 runs their long version (a 20 s outage in a
+// 30,000-message stream instead of 3 s in 4,000). Those that stop the
+// shared RabbitMQ run only with MILLBOX_BROKER_RESTARTS=1, and then alone:
+// they disturb every other test using it.
+//
 // Subpackages: testenv (service discovery and isolation), conformance (the
 // suites every dialect and driver runs), bench (the benchmark program).
 package integration

@@ -117,9 +117,7 @@ func TestForwarderKafkaThreeInstances(t *testing.T) {
 
 // batchPublisher is a kafkabatch publisher to k, closed after the test.
 func batchPublisher(t *testing.T, k *testenv.Kafka) message.Publisher {
-	cfg := testenv.KafkaSaramaConfig()
-	cfg.Net.MaxOpenRequests = 1
-	p, err := kafkabatch.NewPublisher(kafkabatch.Config{Brokers: k.Addrs(), Sarama: cfg})
+	p, err := kafkabatch.NewPublisher(kafkabatch.Config{Brokers: k.Addrs(), Options: testenv.KgoProducerOptions()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,6 +110,9 @@ type OutboxRow struct {
 	Metadata []byte
 	Key      string
 	Attempts int
+	// Age is how old the row was when it was read (by the database's
+	// clock), when the dialect reports it (PendingAges); else zero.
+	Age time.Duration
 }
 
 // PendingQuery selects the outbox rows a forwarder may publish next.
@@ -143,6 +146,22 @@ type DeadLetter struct {
 	LastError string
 	CreatedAt time.Time
 	DeadAt    time.Time
+}
+
+// HighWaterMark is implemented by a dialect that can tell cheaply whether
+// rows were added to the outbox: the query returns one integer that grows
+// when a row is inserted (the position of the outbox's id sequence). A
+// forwarder without notifications runs it every Config.WatchInterval and
+// reads the outbox only when it changed.
+type HighWaterMark interface {
+	HighWaterMark() Query
+}
+
+// PendingAges is implemented by a dialect that can return each pending
+// row's age with it: SelectPendingWithAge returns SelectPending's columns
+// and an eighth, the row's age in microseconds by the database's clock.
+type PendingAges interface {
+	SelectPendingWithAge(q PendingQuery) Query
 }
 
 // PendingReadSetup is implemented by a dialect whose reads of a large

@@ -134,8 +134,8 @@ func run(dsn, amqpURL string, n int) error {
 	}
 
 	// MySQL has no notifications: a forwarder finds rows written by other
-	// processes by polling every PollInterval (default 1s). Publishes from
-	// this process wake it at once.
+	// processes by looking at the outbox's largest id every WatchInterval
+	// (default 5ms). Publishes from this process wake it at once.
 	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Publisher: pub})
 	if err != nil {
 		return err

@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -36,24 +40,62 @@ type Config struct {
 	// Channels is the number of channels in confirm mode kept open.
 	// Defaults to DefaultChannels.
 	Channels int
-	// ConfirmTimeout bounds the wait for confirmations. Defaults to
+	// ConfirmTimeout bounds the wait for a call's confirmations; the
+	// messages not confirmed by then fail with an error that wraps
+	// forwarder.ErrDestinationUnavailable. Defaults to
 	// DefaultConfirmTimeout.
 	ConfirmTimeout time.Duration
+	// ConfirmEach publishes each message of a call only after the broker
+	// confirmed the previous one, so that a rejected message (nack) is
+	// never followed by an accepted later one of its key. It costs one
+	// round trip per message; turn it on when queues can reject some
+	// publishes and accept later ones, as a length-limited queue with
+	// x-overflow reject-publish does (see the package doc). Defaults to
+	// false: a call's messages are published back to back.
+	ConfirmEach bool
 }
 
-// Publisher publishes each call's messages with one wait for their
-// confirmations.
+// Publisher publishes each call's messages on one channel with one wait
+// for their confirmations.
 type Publisher struct {
 	cfg Config
 
 	mu     sync.Mutex
 	conn   *amqp.Connection
-	idle   []*amqp.Channel
+	idle   []*channel
 	closed bool
 	slots  chan struct{}
 }
 
 var _ message.Publisher = (*Publisher)(nil)
+
+// channel is a confirm-mode channel and what made it close.
+type channel struct {
+	conn   *amqp.Connection
+	ch     *amqp.Channel
+	closes chan *amqp.Error
+	err    *amqp.Error // the close reason, once received
+}
+
+// closeReason returns why the channel closed, or nil while it is open.
+func (c *channel) closeReason() error {
+	if !c.ch.IsClosed() {
+		return nil
+	}
+	if c.err == nil {
+		select {
+		case e, ok := <-c.closes:
+			if ok && e != nil {
+				c.err = e
+			}
+		default:
+		}
+	}
+	if c.err == nil {
+		return amqp.ErrClosed
+	}
+	return c.err
+}
 
 // NewPublisher validates cfg and connects.
 func NewPublisher(cfg Config) (*Publisher, error) {
@@ -97,24 +139,24 @@ func (p *Publisher) connection() (*amqp.Connection, error) {
 	p.idle = nil // channels of a closed connection are closed too
 	conn, err := amqp.Dial(p.cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("millbox: amqpbatch: connect: %w", err)
+		return nil, fmt.Errorf("millbox: amqpbatch: %w", forwarder.DestinationUnavailable(fmt.Errorf("broker unreachable: %w", err)))
 	}
 	p.conn = conn
 	return conn, nil
 }
 
 // channel takes an idle confirm-mode channel or opens one.
-func (p *Publisher) channel() (*amqp.Channel, error) {
+func (p *Publisher) channel() (*channel, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, errors.New("millbox: amqpbatch: publisher closed")
+		return nil, fmt.Errorf("millbox: amqpbatch: %w", forwarder.ErrClosed)
 	}
 	for len(p.idle) > 0 {
-		ch := p.idle[len(p.idle)-1]
+		c := p.idle[len(p.idle)-1]
 		p.idle = p.idle[:len(p.idle)-1]
-		if !ch.IsClosed() {
-			return ch, nil
+		if !c.ch.IsClosed() {
+			return c, nil
 		}
 	}
 	conn, err := p.connection()
@@ -122,68 +164,169 @@ func (p *Publisher) channel() (*amqp.Channel, error) {
 		return nil, err
 	}
 	ch, err := conn.Channel()
+	if err == nil {
+		if err = ch.Confirm(false); err != nil {
+			_ = ch.Close()
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("millbox: amqpbatch: open channel: %w", err)
+		if conn.IsClosed() {
+			return nil, fmt.Errorf("millbox: amqpbatch: %w", forwarder.DestinationUnavailable(fmt.Errorf("connection to the broker lost while opening a channel: %w", err)))
+		}
+		return nil, fmt.Errorf("millbox: amqpbatch: open a confirm-mode channel: %w", err)
 	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
-		return nil, fmt.Errorf("millbox: amqpbatch: confirm mode: %w", err)
-	}
-	return ch, nil
+	return &channel{conn: conn, ch: ch, closes: ch.NotifyClose(make(chan *amqp.Error, 1))}, nil
 }
 
-func (p *Publisher) release(ch *amqp.Channel, healthy bool) {
+func (p *Publisher) release(c *channel, healthy bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if healthy && !p.closed && !ch.IsClosed() {
-		p.idle = append(p.idle, ch)
+	if healthy && !p.closed && !c.ch.IsClosed() && c.conn == p.conn {
+		p.idle = append(p.idle, c)
 		return
 	}
-	_ = ch.Close()
+	_ = c.ch.Close()
 }
 
-// Publish publishes msgs to topic on one channel, in order, and returns
-// once the broker confirmed all of them. An error means some may have been
-// routed: publish them again (at least once).
+// Publish publishes msgs to topic on one channel, in order, and waits for
+// the broker's confirmations.
+//
+// It returns nil when the broker confirmed every message. Otherwise it
+// returns a *forwarder.PartialError when a prefix of msgs was confirmed
+// (acked), or a plain error when none was. Failures of the broker rather
+// than of a message (unreachable, connection lost, no confirmation within
+// ConfirmTimeout) wrap forwarder.ErrDestinationUnavailable; a rejection
+// (nack) does not. The package doc says when a message after a rejected
+// one can have been accepted, and how the error says so.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	p.slots <- struct{}{}
 	defer func() { <-p.slots }()
-	ch, err := p.channel()
+	c, err := p.channel()
 	if err != nil {
 		return err
 	}
-	healthy := false
-	defer func() { p.release(ch, healthy) }()
-
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConfirmTimeout)
 	defer cancel()
+	res := p.publish(ctx, c, topic, msgs)
+	p.release(c, res.healthy)
+	if res.delivered == len(msgs) {
+		return nil
+	}
+	err = fmt.Errorf("millbox: amqpbatch: %d of %d messages to %s confirmed, then message %s: %w",
+		res.delivered, len(msgs), topic, msgs[res.delivered].UUID, res.err)
+	if res.delivered == 0 {
+		return err
+	}
+	return &forwarder.PartialError{Delivered: res.delivered, Err: err}
+}
+
+// outcome is what became of a call's messages.
+type outcome struct {
+	delivered int   // leading messages the broker confirmed
+	err       error // why message delivered failed
+	healthy   bool  // the channel can serve another call
+}
+
+func (p *Publisher) publish(ctx context.Context, c *channel, topic string, msgs []*message.Message) outcome {
 	exchange, key := p.cfg.Exchange(topic), p.cfg.RoutingKey(topic)
-	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
+	var stop error // a message that cannot be published ends the call before it
 	for i, m := range msgs {
 		pub, err := p.cfg.Marshaler.Marshal(m)
 		if err != nil {
-			healthy = true
-			return fmt.Errorf("millbox: amqpbatch: marshal message %s: %w", m.UUID, err)
+			stop = fmt.Errorf("marshal: %w", err)
+			break
 		}
-		if confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, pub); err != nil {
-			return fmt.Errorf("millbox: amqpbatch: publish message %s to %s: %w", m.UUID, topic, err)
-		}
-	}
-	for i, c := range confirms {
-		acked, err := c.WaitContext(ctx)
+		dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, pub)
 		if err != nil {
-			return fmt.Errorf("millbox: amqpbatch: confirmation of message %s: %w", msgs[i].UUID, err)
+			stop = p.lost(c, err, "publishing it")
+			break
 		}
-		if !acked {
-			healthy = true
-			return fmt.Errorf("millbox: amqpbatch: broker rejected message %s (nack)", msgs[i].UUID)
+		confirms = append(confirms, dc)
+		if p.cfg.ConfirmEach {
+			if out, ok := p.wait(ctx, c, confirms, i); !ok {
+				return out
+			}
 		}
 	}
-	healthy = true
-	return nil
+	out, ok := p.wait(ctx, c, confirms, 0)
+	if ok && stop != nil {
+		out.err = stop
+	}
+	return out
+}
+
+// wait collects confirms from index from on. It reports whether all of
+// them, and the ones before from, were acks.
+func (p *Publisher) wait(ctx context.Context, c *channel, confirms []*amqp.DeferredConfirmation, from int) (outcome, bool) {
+	out := outcome{delivered: from, healthy: true}
+	first := -1 // the first message not acked
+	later := 0  // messages acked after it
+	for i := from; i < len(confirms); i++ {
+		acked, err := confirms[i].WaitContext(ctx)
+		if err != nil {
+			// The channel may still deliver this confirmation; give
+			// it up rather than let a later call wait for it.
+			out.healthy = false
+			if first < 0 {
+				first = i
+				out.err = forwarder.DestinationUnavailable(fmt.Errorf("no confirmation within %v: broker not answering (%w)", p.cfg.ConfirmTimeout, err))
+			}
+			break
+		}
+		switch {
+		case acked && first < 0:
+			out.delivered = i + 1
+		case acked:
+			later++
+		case first < 0:
+			first = i
+			if reason := c.closeReason(); reason != nil {
+				out.healthy = false
+				out.err = p.lost(c, reason, "it was confirmed")
+			} else {
+				out.err = errors.New("broker rejected it (nack)")
+			}
+		}
+	}
+	if later > 0 {
+		// Accepted after an earlier message of the call was not: the
+		// queue holds them ahead of it.
+		out.err = fmt.Errorf("%w; %d later messages of the call were accepted after it, so the queue holds them ahead of it, and publishing again from it repeats them after it", out.err, later)
+	}
+	return out, first < 0
+}
+
+// lost describes a channel that failed under a call: a lost connection
+// is the broker's failure, a channel closed by the broker (an unknown
+// exchange, a refused permission) the message's.
+func (p *Publisher) lost(c *channel, err error, when string) error {
+	if reason := c.closeReason(); reason != nil {
+		err = reason
+	}
+	if c.conn.IsClosed() || connectionFailure(err) {
+		return forwarder.DestinationUnavailable(fmt.Errorf("connection to the broker lost before %s: %w", when, err))
+	}
+	return fmt.Errorf("channel failed before %s: %w", when, err)
+}
+
+// connectionFailure reports errors of the connection rather than of the
+// channel, seen before the client marked the connection closed: network
+// errors, and the broker closing the connection (connection-forced on
+// shutdown, a frame error, an internal error).
+func connectionFailure(err error) bool {
+	var ne net.Error
+	var ae *amqp.Error
+	switch {
+	case errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return true
+	case errors.As(err, &ae):
+		return ae.Code == amqp.ConnectionForced || ae.Code == amqp.FrameError || ae.Code == amqp.InternalError
+	}
+	return false
 }
 
 // Close closes the channels and the connection.
@@ -194,8 +337,8 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	for _, ch := range p.idle {
-		_ = ch.Close()
+	for _, c := range p.idle {
+		_ = c.ch.Close()
 	}
 	p.idle = nil
 	if p.conn != nil {

@@ -135,14 +135,13 @@ func runForward(ctx context.Context, o options) error {
 }
 
 // kafkaPublisher returns watermill-kafka's keyed publisher or, batching,
-// millbox's kafkabatch publisher, both with the same sarama settings.
+// millbox's kafkabatch publisher, both with the test environment's client
+// settings.
 func kafkaPublisher(k *testenv.Kafka, batching bool) (message.Publisher, error) {
 	if !batching {
 		return testenv.NewKafkaPublisher(k.Addrs(), true)
 	}
-	cfg := testenv.KafkaSaramaConfig()
-	cfg.Net.MaxOpenRequests = 1
-	return kafkabatch.NewPublisher(kafkabatch.Config{Brokers: k.Addrs(), Sarama: cfg})
+	return kafkabatch.NewPublisher(kafkabatch.Config{Brokers: k.Addrs(), Options: testenv.KgoProducerOptions()})
 }
 
 // millboxLatency commits rate messages per second for dur through the

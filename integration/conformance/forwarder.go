@@ -2,6 +2,8 @@ package conformance
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -362,6 +364,145 @@ func Forwarder(t *testing.T, env Env) {
 		waitBacklog(t, ctx, env, d, forwarder.Backlog{})
 	})
 
+	// Ordering keys of any length: a key far longer than any index entry
+	// keeps its order, is dead-lettered and requeued like a short one, and
+	// reaches the destination whole. The second key differs from the first
+	// in its last byte only, so only a comparison of whole keys tells them
+	// apart.
+	t.Run("LongKeys", func(t *testing.T) {
+		for _, size := range []int{3 << 10, 70 << 10} {
+			t.Run(fmt.Sprintf("%dKiB", size>>10), func(t *testing.T) {
+				d := env.NewDialect(t)
+				a := randomKey(t, size)
+				b := a[:size-1] + "A"
+				if b == a {
+					b = a[:size-1] + "B"
+				}
+				field := forwarder.DefaultKeyMetadataField
+				rec := NewRecorder()
+				var mu sync.Mutex
+				var transient int
+				var lastPoisonTry time.Time
+				rec.SetReject(func(_ string, m *message.Message) error {
+					mu.Lock()
+					defer mu.Unlock()
+					key, seq := m.Metadata.Get(field), m.Metadata.Get("seq")
+					switch {
+					case key == a && seq == "0":
+						lastPoisonTry = time.Now()
+						return errors.New("destination rejects this message")
+					case key == b && seq == "0" && transient < 2:
+						transient++
+						return errors.New("destination refused (transient)")
+					}
+					return nil
+				})
+				tx := src.MustBegin(t, ctx)
+				pub := newPub(t, tx, d)
+				uuids := map[string]string{}
+				for s := range 4 {
+					for _, key := range []string{a, b} {
+						m := message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(s)))
+						m.Metadata.Set(field, key)
+						m.Metadata.Set("seq", strconv.Itoa(s))
+						uuids[m.UUID] = key
+						if err := pub.Publish("long-keys", m); err != nil {
+							t.Fatalf("publish with a %d-byte key: %v", size, err)
+						}
+					}
+				}
+				commit(t, ctx, tx)
+				cfg := fast(d, rec)
+				cfg.MaxAttempts = 3
+				StartForwarder(t, cfg)
+				// Everything but the poison message arrives; the second key
+				// gets past its transient failures in order.
+				rec.WaitFor(t, 7, 30*time.Second)
+				dead := waitDeadLetters(t, ctx, env, d, 1)
+				if dead[0].Key != a || dead[0].Attempts != 3 || dead[0].LastError == "" || uuids[dead[0].UUID] != a {
+					t.Fatalf("dead letter: key of %d bytes (equal: %v), attempts %d, error %q", len(dead[0].Key), dead[0].Key == a, dead[0].Attempts, dead[0].LastError)
+				}
+				waitBacklog(t, ctx, env, d, forwarder.Backlog{Pending: 0, Dead: 1})
+				msgs := rec.Messages()
+				CheckKeyOrder(t, msgs, field)
+				mu.Lock()
+				if transient != 2 {
+					t.Fatalf("the second key's head failed %d times, want 2", transient)
+				}
+				// The first key's later messages waited until its head was
+				// dead-lettered.
+				for _, m := range msgs {
+					if m.Metadata.Get(field) == a && !m.At.After(lastPoisonTry) {
+						t.Fatalf("message seq %s of the dead-lettered key arrived before its head's last attempt", m.Metadata.Get("seq"))
+					}
+					if m.Metadata.Get(field) != uuids[m.UUID] {
+						t.Fatalf("message %s arrived with a key of %d bytes, want its %d-byte key", m.UUID, len(m.Metadata.Get(field)), size)
+					}
+				}
+				mu.Unlock()
+				// Requeued and accepted this time, it is delivered.
+				rec.SetReject(nil)
+				if n, err := forwarder.RequeueDeadLetters(ctx, env.DB, d, dead[0].ID); err != nil || n != 1 {
+					t.Fatalf("requeue: %d, %v", n, err)
+				}
+				rec.WaitFor(t, 8, 20*time.Second)
+				waitBacklog(t, ctx, env, d, forwarder.Backlog{})
+			})
+		}
+	})
+
+	// The largest payload the publisher accepts reaches the destination
+	// intact.
+	t.Run("PayloadAtTheLimitIsForwarded", func(t *testing.T) {
+		d := env.NewDialect(t)
+		id := watermill.NewUUID()
+		limit, _ := PayloadLimit(d, "limit", id)
+		payload := make([]byte, limit)
+		payload[0], payload[limit-1] = 'a', 'z'
+		tx := src.MustBegin(t, ctx)
+		if err := newPub(t, tx, d).Publish("limit", message.NewMessage(id, payload)); err != nil {
+			t.Fatalf("payload of %d bytes: %v", limit, err)
+		}
+		commit(t, ctx, tx)
+		rec := NewRecorder()
+		StartForwarder(t, fast(d, rec))
+		rec.WaitFor(t, 1, 30*time.Second)
+		if got := rec.Messages()[0]; got.UUID != id || string(got.Payload) != string(payload) {
+			t.Fatalf("message %s arrived with %d payload bytes, want %s with %d", got.UUID, len(got.Payload), id, limit)
+		}
+		waitEmpty(t, ctx, env, d)
+	})
+
+	// Different keys may share a key hash. A key backing off must hold back
+	// only its own later rows, not those of a key with the same hash.
+	t.Run("SharedKeyHashHoldsBackOnlyItsKey", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rows := []sqladapters.OutboxMessage{
+			{UUID: "a1", Key: "a", KeyHash: 7},
+			{UUID: "a2", Key: "a", KeyHash: 7},
+			{UUID: "x1", Key: "x", KeyHash: 7},
+		}
+		for i := range rows {
+			rows[i].Topic, rows[i].Payload, rows[i].Metadata = "t", []byte{}, []byte("{}")
+		}
+		for _, q := range d.InsertOutbox(rows) {
+			if _, err := q.Exec(ctx, env.DB); err != nil {
+				t.Fatal(d.ClassifyError(err))
+			}
+		}
+		pending := ReadPending(t, ctx, env.DB, d)
+		if len(pending) != 3 {
+			t.Fatalf("%d rows pending, want 3", len(pending))
+		}
+		if _, err := d.RecordFailure(sqladapters.Failure{ID: pending[0].ID, Attempts: 1, Error: "down", Backoff: time.Hour}).Exec(ctx, env.DB); err != nil {
+			t.Fatal(d.ClassifyError(err))
+		}
+		pending = ReadPending(t, ctx, env.DB, d)
+		if len(pending) != 1 || pending[0].UUID != "x1" {
+			t.Fatalf("with a1 backing off, pending %+v; want x1 alone", pending)
+		}
+	})
+
 	t.Run("KeepForwardedRows", func(t *testing.T) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()
@@ -470,6 +611,38 @@ func Forwarder(t *testing.T, env Env) {
 			t.Fatalf("want ErrMissingTable, got %v", err)
 		}
 	})
+
+	t.Run("Faults", func(t *testing.T) { Faults(t, env) })
+}
+
+// randomKey returns n bytes of random base64 text: a key no compression
+// shortens, so it takes its full length wherever it is stored.
+func randomKey(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b)[:n]
+}
+
+// waitDeadLetters waits until d has n dead letters and returns them.
+func waitDeadLetters(t testing.TB, ctx context.Context, env Env, d sqladapters.Dialect, n int) []sqladapters.DeadLetter {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		dead, err := forwarder.DeadLetters(ctx, env.DB, d, 0, n+1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(dead) == n {
+			return dead
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d dead letters, want %d", len(dead), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // WaitSpread waits until every forwarder leases some of the partitions

@@ -213,30 +213,35 @@ func CollectAMQP(t testing.TB, queues ...string) *AMQPCollector {
 
 func (c *AMQPCollector) consume(queue string, deliveries <-chan amqp.Delivery) {
 	for d := range deliveries {
-		rec := Record{
-			Topic:    queue,
-			Offset:   int64(d.DeliveryTag),
-			Metadata: make(map[string]string, len(d.Headers)),
-			Arrived:  time.Now(),
-		}
-		for k, v := range d.Headers {
-			s, ok := v.(string)
-			if !ok {
-				s = fmt.Sprint(v)
-			}
-			switch k {
-			case amqp3.DefaultMessageUUIDHeaderKey:
-				rec.UUID = s
-			default:
-				rec.Metadata[k] = s
-			}
-		}
-		rec.Key = rec.Metadata[KeyMetadataField]
-		c.add(rec)
+		c.add(amqpRecord(queue, d))
 	}
 	if err := c.conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		c.setErr(err)
 	}
+}
+
+// amqpRecord turns a delivery from queue into a Record.
+func amqpRecord(queue string, d amqp.Delivery) Record {
+	rec := Record{
+		Topic:    queue,
+		Offset:   int64(d.DeliveryTag),
+		Metadata: make(map[string]string, len(d.Headers)),
+		Arrived:  time.Now(),
+	}
+	for k, v := range d.Headers {
+		s, ok := v.(string)
+		if !ok {
+			s = fmt.Sprint(v)
+		}
+		switch k {
+		case amqp3.DefaultMessageUUIDHeaderKey:
+			rec.UUID = s
+		default:
+			rec.Metadata[k] = s
+		}
+	}
+	rec.Key = rec.Metadata[KeyMetadataField]
+	return rec
 }
 
 // Close stops consuming and waits for the consumer goroutines to end.

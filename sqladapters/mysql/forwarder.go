@@ -232,3 +232,19 @@ func (d *Dialect) CountOutbox() sqladapters.Query {
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + statePending + `),
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + stateDead + `)`}
 }
+
+// SelectPendingWithAge is SelectPending with an eighth column: each row's
+// age in microseconds by the database's clock, from which the forwarder
+// measures commit-to-acknowledgement latency without trusting the
+// application's clock.
+func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+	s := d.SelectPending(q)
+	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
+	return s
+}
+
+// HighWaterMark returns the largest id in the outbox: InnoDB reads the
+// primary key's last leaf.
+func (d *Dialect) HighWaterMark() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT COALESCE(MAX(id), 0) FROM ` + d.outbox}
+}

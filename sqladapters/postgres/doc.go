@@ -3,6 +3,9 @@
 // forwarder and inbox run. It builds SQL only and imports no driver; pair it
 // with sqladapters/pgxv5 or sqladapters/stdsql (pgx stdlib or lib/pq).
 //
-// The outbox insert also calls pg_notify, so forwarders listening on
-// Dialect.NotifyChannel wake up as soon as the writing transaction commits.
+// Forwarders find new rows by watching the outbox's id sequence every few
+// milliseconds (HighWaterMark). With Options.Notify the outbox insert also
+// calls pg_notify, so forwarders listening on Dialect.NotifyChannel wake up
+// as soon as the writing transaction commits, at the price of a lock that
+// serializes committing transactions.
 package postgres

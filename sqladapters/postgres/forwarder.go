@@ -12,6 +12,9 @@ const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attem
 
 // SelectPending reads due rows in id order. A row whose key has an earlier
 // row backing off after a failure is left out, so the key keeps its order.
+// The backoff check looks the key's hash up in the retry index, which holds
+// only rows waiting for a retry, and then compares the full keys: keys of
+// any length work, and a key sharing another's hash is not held back.
 func (d *Dialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
 	var args []any
@@ -24,8 +27,9 @@ WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= now(
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p
-	WHERE p.key = o.key AND p.id < o.id AND p.attempts > 0
-	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > now()))
+	WHERE p.key_hash = o.key_hash AND p.id < o.id AND p.attempts > 0
+	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > now()
+	AND p.key = o.key))
 ORDER BY o.id LIMIT ` + strconv.Itoa(q.Limit))
 	// The limit is inlined: with "LIMIT $n", a prepared statement's
 	// generic plan assumes a large share of the table and may pick a
@@ -165,4 +169,24 @@ func (d *Dialect) CountOutbox() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL)`}
+}
+
+// SelectPendingWithAge is SelectPending with an eighth column: each row's
+// age in microseconds by the database's clock, from which the forwarder
+// measures commit-to-acknowledgement latency without trusting the
+// application's clock.
+func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+	s := d.SelectPending(q)
+	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
+	return s
+}
+
+// HighWaterMark returns the position of the outbox's id sequence: one
+// catalog lookup and a read of the sequence, however large or bloated the
+// table (max(id) would walk the index over deleted rows).
+func (d *Dialect) HighWaterMark() sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')), 0)`,
+		Args: []any{d.outbox},
+	}
 }

@@ -37,9 +37,20 @@ type Options struct {
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
-	// DisableNotify stops the outbox insert from calling pg_notify.
-	// Forwarders then find new rows by polling only. Defaults to false.
-	DisableNotify bool
+	// Notify makes the outbox insert call pg_notify, so that forwarders
+	// connected through pgxv5.WrapPool wake up on the commit instead of
+	// at their next look at the table (Config.WatchInterval, a few
+	// milliseconds). Defaults to false: NOTIFY takes a database-wide lock
+	// at commit that serializes every committing transaction that
+	// notified, which costs far more under concurrent writers than the
+	// milliseconds it saves.
+	Notify bool
+	// Partitioned, when set, makes the migrations create the outbox as a
+	// table partitioned by creation time, whose retention drops whole
+	// partitions; see PartitionOptions and MaintainPartitions. It applies
+	// to new installations: an existing plain outbox is not converted.
+	// Defaults to nil, a plain table.
+	Partitioned *PartitionOptions
 }
 
 // Dialect is the PostgreSQL dialect. Build it with New.
@@ -71,13 +82,20 @@ func New(opts Options) (*Dialect, error) {
 	if opts.OutboxTable == opts.InboxTable {
 		return nil, fmt.Errorf("%w: postgres.Options.OutboxTable and InboxTable are both %q", sqladapters.ErrInvalidName, opts.OutboxTable)
 	}
+	if opts.Partitioned != nil {
+		p := opts.Partitioned.withDefaults()
+		if err := p.Validate(); err != nil {
+			return nil, err
+		}
+		opts.Partitioned = &p
+	}
 	d := &Dialect{opts: opts}
 	d.outbox = d.qualify(opts.OutboxTable)
 	d.inbox = d.qualify(opts.InboxTable)
 	d.leases = d.qualify(opts.OutboxTable + "_leases")
 	d.members = d.qualify(opts.OutboxTable + "_members")
 	d.migrate = d.qualify(opts.OutboxTable + "_migrations")
-	if !opts.DisableNotify {
+	if opts.Notify {
 		d.channel = channelName(opts.Schema, opts.OutboxTable)
 	}
 	return d, nil
@@ -122,7 +140,7 @@ func (d *Dialect) Name() string { return "postgres" }
 func (d *Dialect) Features() sqladapters.Features {
 	return sqladapters.Features{
 		TransactionalDDL:  true,
-		Notify:            !d.opts.DisableNotify,
+		Notify:            d.opts.Notify,
 		SkipLocked:        true,
 		ConcurrentWriters: true,
 	}

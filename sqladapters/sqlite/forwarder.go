@@ -11,6 +11,10 @@ const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attem
 
 // SelectPending reads due rows in id order. A row whose key has an earlier
 // row backing off after a failure is left out, so the key keeps its order.
+// The backoff check looks the key's hash up in the retry index, which holds
+// only rows waiting for a retry, and then compares the full keys: the index
+// stays small whatever the keys' length, and a key sharing another's hash
+// is not held back.
 // Lists of partitions and ids travel as one JSON array each (json_each), so
 // the SQL text depends only on which filters are set.
 func (d *Dialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
@@ -29,8 +33,9 @@ WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= ` + 
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p
-	WHERE p.key = o.key AND p.id < o.id AND p.attempts > 0
-	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > ` + now + `))
+	WHERE p.key_hash = o.key_hash AND p.id < o.id AND p.attempts > 0
+	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > ` + now + `
+	AND p.key = o.key))
 ORDER BY o.id LIMIT ?`)
 	args = append(args, q.Limit)
 	return sqladapters.Query{SQL: b.String(), Args: args}
@@ -163,4 +168,20 @@ func (d *Dialect) CountOutbox() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL)`}
+}
+
+// SelectPendingWithAge is SelectPending with an eighth column: each row's
+// age in microseconds by the database's clock, from which the forwarder
+// measures commit-to-acknowledgement latency without trusting the
+// application's clock.
+func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+	s := d.SelectPending(q)
+	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
+	return s
+}
+
+// HighWaterMark returns the largest id in the outbox: the rightmost entry
+// of the table's b-tree.
+func (d *Dialect) HighWaterMark() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT coalesce(max(id), 0) FROM ` + d.outbox}
 }

@@ -21,12 +21,9 @@ import (
 func StartForwarder(ctx context.Context, fw *forwarder.Forwarder) (stop func(), err error) {
 	done := make(chan error, 1)
 	go func() { done <- fw.Run(ctx) }()
-	select {
-	case <-fw.Running(): // holds its partitions of the outbox
-	case err := <-done:
-		if err == nil { // Run returns nil only once ctx has ended
-			err = ctx.Err()
-		}
+	// Ready returns once the forwarder holds its partitions of the
+	// outbox, or with the error that stopped Run.
+	if err := fw.Ready(ctx); err != nil {
 		return nil, fmt.Errorf("forwarder: %w", err)
 	}
 	var once sync.Once

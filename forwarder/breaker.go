@@ -1,0 +1,116 @@
+package forwarder
+
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// breakerKeys is how many different keys must fail in a row, with no
+// success in between, for the breaker to open on errors it does not
+// recognise as the destination being unavailable.
+const breakerKeys = 5
+
+// Probe delays while the breaker is open: the first probe follows at
+// once, then the delay doubles up to probeMax, so a destination that
+// comes back is noticed within about probeMax.
+const (
+	probeMin = 50 * time.Millisecond
+	probeMax = time.Second
+)
+
+// breaker pauses the whole forwarder while the destination is down: no
+// reads, no calls but one probe at a time. Failures that are about a
+// message keep their per-key backoff and dead letters instead.
+type breaker struct {
+	open       bool
+	since      time.Time
+	delay      time.Duration
+	probing    bool
+	probeRead  bool // one read is allowed, to find a row to probe with
+	failedKeys map[string]struct{}
+}
+
+func (b *breaker) success() { clear(b.failedKeys) }
+
+// keyFailed notes a failed call of key and tells whether enough different
+// keys failed in a row to suspect the destination.
+func (b *breaker) keyFailed(key string) bool {
+	if b.failedKeys == nil {
+		b.failedKeys = map[string]struct{}{}
+	}
+	b.failedKeys[key] = struct{}{}
+	return len(b.failedKeys) >= breakerKeys
+}
+
+func (d *dispatcher) openBreaker(cause error) {
+	b := &d.breaker
+	if b.open {
+		return
+	}
+	b.open, b.since, b.delay, b.probing = true, time.Now(), probeMin, false
+	for _, l := range d.readyq {
+		l.ready = false
+	}
+	d.readyq = nil
+	d.f.breakerOpen.Store(true)
+	d.f.reportError(cause)
+	d.f.cfg.Logger.Error("millbox forwarder: destination unavailable; pausing every key and probing until it is back", cause,
+		watermill.LogFields{"probe_every_max": probeMax.String()})
+	d.probe.Reset(b.delay)
+}
+
+// scheduleProbe plans the next probe after one failed; backoff doubles
+// the delay, up to probeMax.
+func (d *dispatcher) scheduleProbe(backoff bool) {
+	b := &d.breaker
+	b.probing = false
+	if !b.open {
+		return
+	}
+	if backoff {
+		b.delay = min(2*b.delay, probeMax)
+	}
+	d.probe.Reset(b.delay)
+}
+
+// sendProbe sends the first row of one waiting lane. With nothing to
+// probe (the waiting rows were given up, say for a lost lease), one read
+// is allowed to find some.
+func (d *dispatcher) sendProbe() {
+	b := &d.breaker
+	if !b.open || b.probing {
+		return
+	}
+	if d.stopping || d.release != nil || !d.leaseValid {
+		d.probe.Reset(b.delay)
+		return
+	}
+	for _, l := range d.lanes {
+		if len(l.queue) > 0 && !l.running && !l.recording && !l.holding && !l.failed && !l.dropped {
+			b.probing = true
+			d.start(l, true)
+			return
+		}
+	}
+	b.probeRead, d.dirty = true, true
+	b.delay = min(2*b.delay, probeMax)
+	d.probe.Reset(b.delay)
+}
+
+func (d *dispatcher) closeBreaker() {
+	b := &d.breaker
+	if !b.open {
+		return
+	}
+	d.f.cfg.Logger.Info("millbox forwarder: destination is back; resuming",
+		watermill.LogFields{"paused_for": time.Since(b.since).Round(time.Millisecond).String()})
+	b.open, b.probing, b.probeRead = false, false, false
+	b.success()
+	d.probe.Stop()
+	d.f.breakerOpen.Store(false)
+	for _, l := range d.lanes {
+		d.settle(l)
+	}
+	d.dirty = true
+}

@@ -1,0 +1,224 @@
+package forwarder
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// call is one Publish call: consecutive rows of one lane, in order.
+type call struct {
+	lane  *lane
+	rows  []pendingRow
+	probe bool // sent while the breaker is open, to see if the destination is back
+
+	mu    sync.Mutex
+	state int // callRunning, callReturned or callTimedOut
+}
+
+const (
+	callRunning = iota
+	callReturned
+	callTimedOut
+)
+
+// callEvent reports a call to the dispatcher. A call reports done, or
+// timeout followed by late (in this order, through one channel).
+type callEvent struct {
+	c         *call
+	kind      int  // eventDone, eventTimeout, eventLate
+	delivered int  // leading rows the destination acknowledged
+	partial   bool // the publisher said which rows got through
+	err       error
+	took      time.Duration
+}
+
+const (
+	eventDone = iota
+	eventTimeout
+	eventLate
+)
+
+// run publishes the call's rows and reports to events. It turns the rows
+// into messages first: rows after the first one whose topic differs, or
+// that cannot be turned into a message, are left for a later call.
+func (f *Forwarder) runCall(c *call, events chan<- callEvent) {
+	msgs := make([]*message.Message, 0, len(c.rows))
+	var topic string
+	var prepErr error
+	for i, r := range c.rows {
+		o := f.prepare(r.OutboxRow)
+		if o.err != nil {
+			prepErr = o.err
+			break
+		}
+		if i == 0 {
+			topic = o.topic
+		} else if o.topic != topic {
+			break
+		}
+		msgs = append(msgs, o.msg)
+	}
+	ev := callEvent{c: c, kind: eventDone}
+	if len(msgs) > 0 {
+		timer := time.AfterFunc(f.cfg.PublishTimeout, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.state == callRunning {
+				c.state = callTimedOut
+				events <- callEvent{c: c, kind: eventTimeout, err: fmt.Errorf("%w: Publish did not return within PublishTimeout %v", errPublishTimeout, f.cfg.PublishTimeout)}
+			}
+		})
+		pctx, end := f.tel.startSend(context.Background(), topic, msgs)
+		for _, m := range msgs {
+			m.SetContext(pctx)
+		}
+		start := time.Now()
+		err := f.publish(topic, msgs)
+		ev.took = time.Since(start)
+		timer.Stop()
+		end(err)
+		f.tel.publishDuration(pctx, topic, ev.took, err)
+		ev.delivered = len(msgs)
+		if err != nil {
+			ev.delivered, ev.err = 0, err
+			var pe *PartialError
+			if errors.As(err, &pe) {
+				ev.partial = true
+				ev.delivered, ev.err = min(max(pe.Delivered, 0), len(msgs)), pe.Err
+				if ev.err == nil {
+					ev.err = err
+				}
+			}
+		}
+	}
+	if len(msgs) > 0 {
+		ackAt := time.Now()
+		for _, r := range c.rows[:ev.delivered] {
+			if r.Age > 0 {
+				f.tel.commitToAck(context.Background(), topic, ackAt.Sub(r.created))
+			}
+		}
+		f.tel.sent(context.Background(), topic, ev.delivered)
+		f.tel.failed(context.Background(), topic, len(msgs)-ev.delivered, ev.err)
+	}
+	if ev.err == nil && prepErr != nil && ev.delivered == len(msgs) {
+		ev.err, ev.partial = prepErr, true // the row after the delivered ones is the culprit
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == callTimedOut {
+		ev.kind = eventLate
+	}
+	c.state = callReturned
+	events <- ev
+}
+
+var errPublishTimeout = errors.New("publish timed out")
+
+// publish hands messages bound for one topic to the destination.
+func (f *Forwarder) publish(topic string, msgs []*message.Message) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("destination publisher panicked: %v", p)
+		}
+	}()
+	return f.cfg.Publisher.Publish(topic, msgs...)
+}
+
+// permanentError marks a row that can never be published as stored; it is
+// dead-lettered at once.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// outgoing is a row turned into the message the destination receives.
+type outgoing struct {
+	topic string
+	msg   *message.Message
+	err   error
+}
+
+func (f *Forwarder) prepare(r sqladapters.OutboxRow) (o outgoing) {
+	o.msg = message.NewMessage(r.UUID, r.Payload)
+	if len(r.Metadata) > 0 {
+		if err := json.Unmarshal(r.Metadata, &o.msg.Metadata); err != nil {
+			o.err = permanentError{fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err)}
+			return o
+		}
+	}
+	o.topic = r.Topic
+	if f.cfg.Topic != nil {
+		defer func() {
+			if p := recover(); p != nil {
+				o.err = fmt.Errorf("topic mapping panicked: %v", p)
+			}
+		}()
+		topic, err := f.cfg.Topic(r.Topic, o.msg)
+		switch {
+		case err != nil:
+			o.err = fmt.Errorf("topic mapping: %w", err)
+		case topic == "":
+			o.err = fmt.Errorf("topic mapping returned an empty topic for %q", r.Topic)
+		}
+		o.topic = topic
+	}
+	return o
+}
+
+// unavailableMarkers are texts of connection-level errors of publishers
+// that do not wrap ErrDestinationUnavailable or a network error: sarama
+// (watermill-kafka), amqp091 (watermill-amqp), franz-go.
+var unavailableMarkers = []string{
+	"connection refused",
+	"connection reset",
+	"broken pipe",
+	"not connected",
+	"connection closed",
+	"connection is not open",
+	"channel/connection is not open",
+	"run out of available brokers",
+	"no route to host",
+	"unable to dial",
+	"use of closed network connection",
+}
+
+// destinationUnavailable tells a failure of the destination as a whole
+// (broker down, connection lost) from a failure about the message.
+func destinationUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var perm permanentError
+	if errors.As(err, &perm) {
+		return false
+	}
+	if errors.Is(err, ErrDestinationUnavailable) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return true
+	}
+	s := strings.ToLower(err.Error())
+	for _, m := range unavailableMarkers {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,231 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// Faults runs the forwarder's fault suite: a hanging Publish holds back
+// only its own key, a call past PublishTimeout never lets its key move on,
+// a destination outage pauses reads behind one probe, Run's failures
+// release whoever waits for it, and a closing instance hands its
+// partitions over at once.
+func Faults(t *testing.T, env Env) {
+	ctx := context.Background()
+	src := env.Sources[0]
+	base := func(d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
+		return forwarder.Config{
+			DB: env.DB, Dialect: d, Publisher: dest,
+			PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second,
+			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+			Partitions: 8,
+		}
+	}
+	keyOf := func(m *message.Message) string { return m.Metadata.Get(forwarder.DefaultKeyMetadataField) }
+
+	t.Run("HangingPublishHoldsOnlyItsKey", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		rec.SetReject(func(_ string, m *message.Message) error {
+			if keyOf(m) == "slow" {
+				once.Do(func() { close(entered) })
+				<-release
+			}
+			return nil
+		})
+		StartForwarder(t, base(d, rec))
+		writeKey(t, ctx, src, d, "slow", 0, 5)
+		<-entered
+		// Written after the slow call started: they must not wait for it.
+		const keys, perKey = 50, 20
+		WriteKeyed(t, ctx, src, d, "t", keys, perKey, 5, 2)
+		rec.WaitFor(t, keys*perKey, 60*time.Second)
+		select {
+		case <-release:
+			t.Fatal("released early")
+		default: // the slow call is still blocked: the other keys did not wait for it
+		}
+		close(release)
+		rec.WaitFor(t, keys*perKey+5, 30*time.Second)
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	})
+
+	t.Run("TimedOutCallNeverLetsItsKeyMoveOn", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		rec.SetReject(func(_ string, m *message.Message) error {
+			if keyOf(m) == "slow" && m.Metadata.Get("seq") == "0" {
+				first := false
+				once.Do(func() { first = true; close(entered) })
+				if first {
+					<-release
+				}
+			}
+			return nil
+		})
+		var timeouts atomic.Int32
+		cfg := base(d, rec)
+		cfg.PublishTimeout = 100 * time.Millisecond
+		cfg.Hooks.OnFailure = func(f sqladapters.Failure, row sqladapters.OutboxRow) { timeouts.Add(1) }
+		StartForwarder(t, cfg)
+		writeKey(t, ctx, src, d, "slow", 0, 10)
+		<-entered
+		WriteKeyed(t, ctx, src, d, "t", 10, 10, 5, 2)
+		rec.WaitFor(t, 100, 60*time.Second)
+		for timeouts.Load() == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		// The call timed out and its backoff passed many times over, yet
+		// no later message of its key went out while it hangs.
+		time.Sleep(500 * time.Millisecond)
+		for _, m := range rec.Messages() {
+			if m.Metadata.Get(forwarder.DefaultKeyMetadataField) == "slow" {
+				t.Fatalf("message seq %s of key slow went out while its first call hangs", m.Metadata.Get("seq"))
+			}
+		}
+		close(release)
+		rec.WaitFor(t, 110, 30*time.Second)
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	})
+
+	t.Run("OutagePausesReadsBehindOneProbe", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		var down atomic.Bool
+		var refused atomic.Int32
+		down.Store(true)
+		rec.SetReject(func(string, *message.Message) error {
+			if down.Load() {
+				refused.Add(1)
+				return fmt.Errorf("broker gone: %w", forwarder.ErrDestinationUnavailable)
+			}
+			return nil
+		})
+		var reads atomic.Int32
+		var failures atomic.Int32
+		cfg := base(d, rec)
+		cfg.Hooks.OnRead = func(int) { reads.Add(1) }
+		cfg.Hooks.OnFailure = func(sqladapters.Failure, sqladapters.OutboxRow) { failures.Add(1) }
+		StartForwarder(t, cfg)
+		writeKey(t, ctx, src, d, "first", 0, 1)
+		for refused.Load() == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		// The destination is down. Keep writing: each commit wakes the
+		// forwarder, which must not read while it cannot publish.
+		before := reads.Load()
+		for i := range 40 {
+			writeKey(t, ctx, src, d, "k"+strconv.Itoa(i%8), i/8, 1)
+		}
+		for refused.Load() < 5 { // several probes went out and failed
+			time.Sleep(10 * time.Millisecond)
+		}
+		during := reads.Load() - before
+		down.Store(false)
+		rec.WaitFor(t, 41, 30*time.Second)
+		if during > 1 {
+			t.Fatalf("%d reads of the outbox while the destination was down after 40 commits; want at most the one in flight", during)
+		}
+		if n := failures.Load(); n != 0 {
+			t.Fatalf("%d failed attempts recorded for an outage of the destination; it is not the messages' fault", n)
+		}
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	})
+
+	t.Run("RunFailureReleasesWaiters", func(t *testing.T) {
+		cases := map[string]func() (forwarder.Config, error){
+			"partitions mismatch": func() (forwarder.Config, error) {
+				d := env.NewDialect(t)
+				StartForwarder(t, base(d, NewRecorder()))
+				cfg := base(d, NewRecorder())
+				cfg.Partitions = 4
+				return cfg, forwarder.ErrInvalidConfig
+			},
+		}
+		if env.NewUnmigratedDialect != nil {
+			cases["missing tables"] = func() (forwarder.Config, error) {
+				return base(env.NewUnmigratedDialect(t), NewRecorder()), sqladapters.ErrMissingTable
+			}
+		}
+		for name, setup := range cases {
+			cfg, want := setup()
+			f, err := forwarder.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			errc := make(chan error, 1)
+			go func() { errc <- f.Run(ctx) }()
+			<-f.Running() // closes although Run failed
+			if err := f.Ready(ctx); !errors.Is(err, want) {
+				t.Fatalf("%s: Ready = %v, want %v", name, err, want)
+			}
+			if err := <-errc; !errors.Is(err, want) {
+				t.Fatalf("%s: Run = %v, want %v", name, err, want)
+			}
+		}
+	})
+
+	t.Run("CloseHandsPartitionsOverAtOnce", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		cfg := base(d, rec)
+		// Renewals every 20 minutes: only the handover can move the
+		// partitions within this test.
+		cfg.LeaseTTL = time.Hour
+		a := StartForwarder(t, cfg)
+		b, err := forwarder.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- b.Run(ctx) }()
+		WaitSpread(t, []*forwarder.Forwarder{a, b}, 8)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for len(a.Partitions()) != 8 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the survivor holds %v, not all 8 partitions, after the other instance closed", a.Partitions())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		writeKey(t, ctx, src, d, "after", 0, 3)
+		rec.WaitFor(t, 3, 30*time.Second)
+	})
+}
+
+// writeKey commits n messages of key with seq from, from+1, ... in one
+// transaction.
+func writeKey(t testing.TB, ctx context.Context, src TxSource, d sqladapters.Dialect, key string, from, n int) {
+	t.Helper()
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		m := message.NewMessage(watermill.NewUUID(), []byte(key))
+		m.Metadata.Set(forwarder.DefaultKeyMetadataField, key)
+		m.Metadata.Set("seq", strconv.Itoa(from+i))
+		msgs[i] = m
+	}
+	if err := publishCommitted(ctx, src, d, "t", msgs); err != nil {
+		t.Fatal(err)
+	}
+}
