@@ -108,4 +108,18 @@
 //
 // Without a poison queue the router nacks it, and the broker redelivers it
 // for ever.
+//
+// # Telemetry
+//
+// The middleware reads the producer's trace context from the message
+// metadata (the outbox publisher stores it there, and Kafka and RabbitMQ
+// carry it as headers) and runs the handler in a "process" span: a child of
+// the producer's span, or of the span a router's tracing middleware already
+// put in the message's context, linked to the producer's. The handler's
+// context carries the span, so outbox publishes from the handler continue
+// the same trace. The span and the metrics MetricConsumedMessages and
+// MetricProcessDuration say whether the message was a duplicate
+// (millbox.inbox.duplicate) and why it failed (error.type); no attribute
+// names a message. InboxConfig.Telemetry chooses the providers, which
+// default to OpenTelemetry's global ones.
 package middleware

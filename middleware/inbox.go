@@ -59,6 +59,9 @@ type InboxConfig struct {
 	// duplicates here (they are also logged at debug level). It runs on
 	// the handler's goroutine and must be quick.
 	OnDuplicate func(msg *message.Message)
+	// Telemetry receives the middleware's metrics and process spans
+	// (see Telemetry). Defaults to OpenTelemetry's global providers.
+	Telemetry Telemetry
 	// Logger defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 }
@@ -116,6 +119,7 @@ func MetadataID(field string) func(*message.Message) (string, error) {
 type inboxMiddleware struct {
 	cfg InboxConfig
 	ib  *inbox.Inbox
+	tel *inboxTelemetry
 }
 
 // NewInbox returns the inbox middleware (see the package documentation).
@@ -130,7 +134,11 @@ func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &inboxMiddleware{cfg: cfg, ib: ib}
+	tel, err := newInboxTelemetry(cfg.Telemetry)
+	if err != nil {
+		return nil, err
+	}
+	m := &inboxMiddleware{cfg: cfg, ib: ib, tel: tel}
 	return m.wrap, nil
 }
 
@@ -157,14 +165,27 @@ func (m *inboxMiddleware) messageID(msg *message.Message) (string, error) {
 
 func (m *inboxMiddleware) wrap(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) (produced []*message.Message, err error) {
+		orig := msg.Context()
+		consumer := m.consumer(msg)
+		// ctx carries the process span; the handler sees it with the tx.
+		ctx, proc := m.tel.start(orig, msg, consumer)
+		class := "" // error.type of the outcome; "" on success
+		defer func() {
+			if r := recover(); r != nil {
+				proc.end(ctx, ErrorClassHandler, fmt.Errorf("handler panicked: %v", r))
+				panic(r)
+			}
+			proc.end(ctx, class, err)
+		}()
+
 		id, err := m.messageID(msg)
 		if err != nil {
+			class = ErrorClassNoMessageID
 			return nil, err
 		}
-		consumer := m.consumer(msg)
-		ctx := msg.Context()
 		tx, err := m.cfg.DB.Begin(ctx, m.cfg.TxOptions)
 		if err != nil {
+			class = ErrorClassDatabase
 			return nil, fmt.Errorf("millbox: inbox: begin transaction for message %q: %w", id, err)
 		}
 		finished := false
@@ -178,11 +199,13 @@ func (m *inboxMiddleware) wrap(h message.HandlerFunc) message.HandlerFunc {
 
 		first, err := m.ib.Record(ctx, tx, consumer, id)
 		if err != nil {
+			class = ErrorClassDatabase
 			return nil, err
 		}
 		if !first {
 			sqladapters.Rollback(tx)
 			finished = true
+			proc.duplicate = true
 			m.cfg.Logger.Debug("Duplicate message skipped by the inbox", watermill.LogFields{
 				"consumer":     consumer,
 				"message_id":   id,
@@ -197,15 +220,17 @@ func (m *inboxMiddleware) wrap(h message.HandlerFunc) message.HandlerFunc {
 		msg.SetContext(sqladapters.WithTx(ctx, tx))
 		// Later middleware and the router see the message as it came: a
 		// retry or a poison-queue publish must not find a finished tx.
-		defer msg.SetContext(ctx)
+		defer msg.SetContext(orig)
 
 		produced, err = h(msg)
 		if err != nil {
+			class = ErrorClassHandler
 			return nil, err
 		}
 		commitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.CommitTimeout)
 		defer cancel()
 		if err := tx.Commit(commitCtx); err != nil {
+			class = ErrorClassDatabase
 			return nil, fmt.Errorf("millbox: inbox: commit message %q: %w", id, err)
 		}
 		finished = true
