@@ -61,5 +61,6 @@ func Statements(d sqladapters.Dialect) map[string]sqladapters.Query {
 			qs[fmt.Sprintf("Migration%d.%d", m.Version, i)] = sqladapters.Query{SQL: s}
 		}
 	}
+	addOpsStatements(qs, d)
 	return qs
 }

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"fmt"
+)
+
+const mainUsage = `millbox operates a millbox transactional outbox and inbox: tables, backlog,
+dead letters, requeue and pruning, on PostgreSQL, MySQL/MariaDB and SQLite.
+
+Usage:
+  millbox <command> [flags]
+
+Commands:
+  migrate up        create or upgrade the millbox tables (idempotent, safe from many processes)
+  migrate sql       print the complete SQL, for your own migration tool; no connection needed
+  status            backlog per topic, oldest pending age, dead letters, kept rows,
+                    inbox records and partition owners (--json for scripts)
+  dead list         list dead letters, filtered, or grouped by error (--group-by-error)
+  dead show ID      one dead letter with its error, metadata and payload
+  dead requeue      send dead letters again (--dry-run to count, --yes for a filter)
+  dead discard      delete dead letters (--dry-run to count, --yes to do it)
+  prune             delete forwarded rows kept for audit and old inbox records, in batches
+  partitions list   the partitions of a time-partitioned Postgres outbox, with their rows
+  partitions maintain
+                    create partitions ahead, drop those past retention (Postgres)
+  version           print the version
+  help [command]    explain a command
+
+The database is chosen by the form of --dsn, or of $MILLBOX_DSN:
+` + dsnForms + `
+
+The table flags (--schema, --outbox-table, --inbox-table) must match the options your
+application gives the dialect (postgres.Options, mysql.Options, sqlite.Options).
+
+Examples:
+  export MILLBOX_DSN='postgres://app@localhost:5432/app?sslmode=disable'
+  millbox migrate up --schema messaging
+  millbox migrate sql --dsn 'postgres://localhost/app' --schema messaging > 0001_millbox.sql
+  millbox status
+  millbox status --json | jq .pending
+  millbox dead list --group-by-error
+  millbox dead list --topic orders --error timeout --newer-than 1h
+  millbox dead show 1234
+  millbox dead requeue 1234 1235
+  millbox dead requeue --error 'connection refused' --dry-run
+  millbox dead requeue --error 'connection refused' --yes
+  millbox dead discard --topic test.events --older-than 30d --yes
+  millbox prune --forwarded-older-than 7d --inbox-older-than 30d
+
+Run 'millbox help <command>' or 'millbox <command> --help' for its flags. Flags take one
+dash or two (-dsn, --dsn) and may follow the arguments.
+Exit status: 0 success, 1 failure, 2 usage error or change refused without --yes.
+`
+
+const migrateUsage = `Usage:
+  millbox migrate up  [flags]   create or upgrade the tables in the database
+  millbox migrate sql [flags]   print the SQL instead, for goose, atlas, flyway, Liquibase...
+
+'migrate up' is idempotent and safe to run from several processes at once: migrators
+take a lock, and versions already applied are skipped. It records applied versions in
+<outbox-table>_migrations.
+
+'migrate sql' prints every statement, CREATE SCHEMA (Postgres) or CREATE DATABASE
+(MySQL) included when --schema is set. It needs no connection: the database comes from
+--dsn or from --db. Its statements are idempotent; pick one way to migrate and keep to it.
+
+Examples:
+  millbox migrate up --dsn 'postgres://app@localhost:5432/app' --schema messaging
+  millbox migrate up --dsn 'sqlite:///var/lib/app/app.db'
+  millbox migrate sql --db postgres --schema messaging > migrations/0001_millbox.sql
+  millbox migrate sql --db mysql --outbox-table events_outbox
+`
+
+const statusUsage = `Usage:
+  millbox status [--json] [flags]
+
+Shows, per topic, the pending rows (rows waiting for a retry included), how many of
+them are retrying, the age of the oldest pending row, the dead letters and the
+forwarded rows kept for audit; then inbox records per consumer, and which forwarder
+instance holds which partitions. Ages are measured by the database's clock.
+
+--json prints one object with the fields pending, retrying, oldest_pending_age_seconds,
+dead_letters, forwarded_kept, inbox_records, oldest_inbox_age_seconds, topics,
+consumers, partitions and owners.
+
+Examples:
+  millbox status
+  millbox status --json | jq '.topics[] | select(.pending > 1000)'
+`
+
+const deadUsage = `Usage:
+  millbox dead list    [filters] [--group-by-error] [--limit N] [--after ID] [--json]
+  millbox dead show    ID [--json]
+  millbox dead requeue [ID...] [filters] [--dry-run] [--yes] [--batch N]
+  millbox dead discard [ID...] [filters] [--dry-run] [--yes] [--batch N]
+
+A dead letter is an outbox row that failed more often than the forwarder's MaxAttempts.
+It stays in the outbox with its last error until it is requeued or discarded.
+
+Filters (all must match):
+  --topic T          exact topic
+  --key K            exact ordering key
+  --error TEXT       the last error contains TEXT (case-sensitive)
+  --older-than D     died longer ago than D (30s, 15m, 36h, 7d, 1d12h)
+  --newer-than D     died within the last D
+  ID...              these ids (requeue, discard)
+
+requeue makes the rows pending again with zero attempts; the forwarder sends them as
+soon as it reads them. Requeue of the ids you name runs at once; requeue by a filter,
+or of every dead letter, needs --yes. discard deletes rows for good and always needs
+--yes. --dry-run counts what would change and changes nothing.
+
+Examples:
+  millbox dead list --group-by-error
+  millbox dead list --error 'no such host' --limit 20
+  millbox dead show 1234
+  millbox dead requeue 1234
+  millbox dead requeue --topic orders --newer-than 2h --dry-run
+  millbox dead requeue --topic orders --newer-than 2h --yes
+  millbox dead discard --older-than 30d --yes
+`
+
+const pruneUsage = `Usage:
+  millbox prune [--forwarded-older-than D] [--inbox-older-than D] [--batch N] [--dry-run]
+
+Deletes forwarded rows kept for audit (forwarder Config.KeepForwarded) published longer
+ago than --forwarded-older-than, and inbox records received longer ago than
+--inbox-older-than, in batches of --batch rows, each its own short statement. Progress
+goes to stderr. It never touches pending or dead rows, so it is safe while forwarders
+and consumers run.
+
+Keep inbox records longer than any redelivery of a message can take: a message
+redelivered after its record is gone runs its handler again.
+
+Examples:
+  millbox prune --forwarded-older-than 7d --inbox-older-than 30d
+  millbox prune --inbox-older-than 14d --batch 5000
+  millbox prune --forwarded-older-than 1d --dry-run
+`
+
+func help(ctx context.Context, e env, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(e.stdout, mainUsage)
+		return nil
+	}
+	switch args[0] {
+	case "migrate":
+		return migrateCmd(ctx, e, []string{"--help"})
+	case "status":
+		return statusCmd(ctx, e, []string{"--help"})
+	case "dead":
+		return deadCmd(ctx, e, []string{"--help"})
+	case "prune":
+		return pruneCmd(ctx, e, []string{"--help"})
+	case "partitions":
+		return partitionsCmd(ctx, e, []string{"--help"})
+	case "version":
+		fmt.Fprintln(e.stdout, "Usage:\n  millbox version\n\nPrints the module version millbox was built from.")
+		return nil
+	}
+	return usagef("unknown command %q; run 'millbox help'", args[0])
+}
