@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -18,45 +23,83 @@ import (
 )
 
 func init() {
-	register("write", "business transaction with 0, 1 and 10 outbox messages (Postgres, pgx)", runWrite)
+	register("write", "business transaction with 0, 1 and 10 outbox messages, then tx/s of 1, 8 and 32 concurrent writers (Postgres, pgx)", runWrite)
 }
 
-// runWrite times one business transaction (insert one order row) bare, with
-// one outbox message and with ten, interleaving the variants in rounds so
-// that drift of the shared machine hits all of them alike.
+// writersFlag lists the writer counts of the concurrent part of the write
+// case; main.go's options hold only the flags every case shares.
+var writersFlag = flag.String("writers", "1,8,32", "write: comma-separated counts of concurrent writers (empty = single connection only)")
+
+// runWrite first times one business transaction (insert one order row) on
+// one connection, bare, with one outbox message and with ten, interleaving
+// the variants in rounds so that drift of the shared machine hits all of
+// them alike. Then it measures throughput with concurrent writers, where
+// what serializes commits shows.
 func runWrite(ctx context.Context, o options) error {
 	iters := orDefault(o.n, 3000)
+	payload := make([]byte, 256)
+	writers, err := parseWriters(*writersFlag)
+	if err != nil {
+		return err
+	}
 	pool, schema, err := benchPostgres(ctx, o.pgURL)
 	if err != nil {
 		return err
 	}
 	defer dropSchema(pool, schema)
-	d, err := postgres.New(postgres.Options{Schema: schema})
+	d, notifying, err := writeDialects(ctx, pool, schema)
 	if err != nil {
 		return err
 	}
-	if err := sqladapters.Migrate(ctx, pgxv5.WrapPool(pool), d); err != nil {
-		return err
-	}
-	// The same table without pg_notify, to show what the wakeup costs.
-	quiet, err := postgres.New(postgres.Options{Schema: schema, DisableNotify: true})
+	kv, err := writeSingle(ctx, pool, schema, d, notifying, iters, payload)
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE "`+schema+`".orders (id bigint PRIMARY KEY, customer text NOT NULL, amount bigint NOT NULL)`); err != nil {
-		return err
+	if len(writers) > 0 {
+		// Order ids of the concurrent part, above those of writeSingle.
+		ids := &atomic.Int64{}
+		ids.Store(1 << 40)
+		wvs := []writeVariant{
+			{"bare", nil},
+			{"millbox", func(ctx context.Context, tx pgx.Tx, id int64) error { return publishN(tx, d, id, 1, payload) }},
+			{"millbox+notify", func(ctx context.Context, tx pgx.Tx, id int64) error { return publishN(tx, notifying, id, 1, payload) }},
+			{"select1", func(ctx context.Context, tx pgx.Tx, _ int64) error { return selectOne(ctx, tx) }},
+		}
+		per := orDefault(o.duration, 3*time.Second)
+		fmt.Printf("\nconcurrent writers, pgxpool sized to the writers, %v per variant in %d interleaved rounds; ratio = bare tx/s / variant tx/s\n", per, writeRounds)
+		for _, w := range writers {
+			rates, err := writeThroughput(ctx, o.pgURL, schema, w, per, ids, wvs)
+			if err != nil {
+				return err
+			}
+			for _, v := range wvs {
+				fmt.Printf("writers %2d  %-15s %8.0f tx/s  ratio %.2f\n", w, v.name, rates[v.name], rates["bare"]/rates[v.name])
+			}
+			p := "write" + strconv.Itoa(w)
+			kv = append(kv,
+				p+"_bare_tx_per_s", int(rates["bare"]),
+				p+"_overhead_ratio", rates["bare"]/rates["millbox"],
+				p+"_notify_ratio", rates["bare"]/rates["millbox+notify"],
+				p+"_select1_ratio", rates["bare"]/rates["select1"])
+		}
 	}
+	summary(kv...)
+	return nil
+}
+
+// writeSingle times one business transaction on one connection per
+// variant and returns its summary pairs.
+func writeSingle(ctx context.Context, pool *pgxpool.Pool, schema string, d, notifying *postgres.Dialect, iters int, payload []byte) ([]any, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer conn.Release()
-	payload := make([]byte, 256)
 	var id int64
 	order := func(variant int) (time.Duration, error) {
 		msgs, dialect := variant, sqladapters.Dialect(d)
-		if variant == quietVariant {
-			msgs, dialect = 1, quiet
+		if variant == notifyVariant {
+			msgs, dialect = 1, notifying
 		}
 		id++
 		start := time.Now()
@@ -64,12 +107,11 @@ func runWrite(ctx context.Context, o options) error {
 		if err != nil {
 			return 0, err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO "`+schema+`".orders (id, customer, amount) VALUES ($1, $2, $3)`, id, "c", 100); err != nil {
+		if err := insertOrder(ctx, tx, schema, id); err != nil {
 			return 0, err
 		}
 		if variant == roundTripVariant {
-			// The floor of any extra statement: one round trip.
-			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+			if err := selectOne(ctx, tx); err != nil {
 				return 0, err
 			}
 		} else if msgs > 0 {
@@ -82,13 +124,13 @@ func runWrite(ctx context.Context, o options) error {
 		}
 		return time.Since(start), nil
 	}
-	variants := []int{0, 1, 10, quietVariant, roundTripVariant}
+	variants := []int{0, 1, 10, notifyVariant, roundTripVariant}
 	times := map[int][]time.Duration{}
 	// Warm up statement caches and the table.
 	for _, v := range variants {
 		for range 50 {
 			if _, err := order(v); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
@@ -98,7 +140,7 @@ func runWrite(ctx context.Context, o options) error {
 			for range round {
 				dt, err := order(v)
 				if err != nil {
-					return err
+					return nil, err
 				}
 				times[v] = append(times[v], dt)
 			}
@@ -110,25 +152,186 @@ func runWrite(ctx context.Context, o options) error {
 		med[v] = times[v][len(times[v])/2]
 		name := fmt.Sprintf("%d outbox message(s)", v)
 		switch v {
-		case quietVariant:
-			name = "1 message, no NOTIFY"
+		case notifyVariant:
+			name = "1 message, NOTIFY"
 		case roundTripVariant:
 			name = "SELECT 1 instead"
 		}
 		fmt.Printf("%-22s median %8v  p90 %8v  ratio %.2f  (%d transactions)\n", name, med[v], times[v][len(times[v])*9/10],
 			float64(med[v])/float64(med[0]), len(times[v]))
 	}
-	summary("write_overhead_ratio", float64(med[1])/float64(med[0]), "write10_overhead_ratio", float64(med[10])/float64(med[0]))
-	return nil
+	return []any{
+		"write_overhead_ratio", float64(med[1]) / float64(med[0]),
+		"write10_overhead_ratio", float64(med[10]) / float64(med[0]),
+		"write_notify_ratio", float64(med[notifyVariant]) / float64(med[0]),
+	}, nil
 }
 
-// quietVariant marks the variant with one message and no pg_notify;
-// roundTripVariant the one that runs SELECT 1 instead of publishing, the
-// cost of any extra statement in the transaction.
+// notifyVariant marks the single-connection variant with one message
+// through a dialect that calls pg_notify; roundTripVariant the one that
+// runs SELECT 1 instead of publishing, the cost of any extra statement in
+// the transaction.
 const (
-	quietVariant     = -1
+	notifyVariant    = -1
 	roundTripVariant = -2
 )
+
+// writeDialects migrates the outbox in schema, creates the orders table
+// and returns the dialect with default options and one with Notify, both
+// on the same table.
+func writeDialects(ctx context.Context, pool *pgxpool.Pool, schema string) (*postgres.Dialect, *postgres.Dialect, error) {
+	d, err := postgres.New(postgres.Options{Schema: schema})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := sqladapters.Migrate(ctx, pgxv5.WrapPool(pool), d); err != nil {
+		return nil, nil, err
+	}
+	notifying, err := postgres.New(postgres.Options{Schema: schema, Notify: true})
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE "`+schema+`".orders (id bigint PRIMARY KEY, customer text NOT NULL, amount bigint NOT NULL)`); err != nil {
+		return nil, nil, err
+	}
+	return d, notifying, nil
+}
+
+func insertOrder(ctx context.Context, tx pgx.Tx, schema string, id int64) error {
+	_, err := tx.Exec(ctx, `INSERT INTO "`+schema+`".orders (id, customer, amount) VALUES ($1, $2, $3)`, id, "c", 100)
+	return err
+}
+
+// selectOne is the floor of any extra statement: one round trip.
+func selectOne(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT 1`)
+	return err
+}
+
+func parseWriters(s string) ([]int, error) {
+	var ws []int
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		w, err := strconv.Atoi(f)
+		if err != nil || w < 1 {
+			return nil, fmt.Errorf("-writers %q: want positive counts separated by commas", s)
+		}
+		ws = append(ws, w)
+	}
+	return ws, nil
+}
+
+// writeVariant is what a concurrent writer does between inserting the
+// order row and committing; nil does nothing.
+type writeVariant struct {
+	name string
+	step func(ctx context.Context, tx pgx.Tx, id int64) error
+}
+
+// writeRounds splits each variant's time into rounds, rotated among the
+// variants, so that drift of the shared machine hits all of them alike.
+const writeRounds = 10
+
+// writeThroughput runs writers concurrent writers on a pool of that many
+// connections, each looping BEGIN, insert one order row, the variant's
+// step, COMMIT, for per time per variant, and returns each variant's
+// committed transactions per second.
+func writeThroughput(ctx context.Context, url, schema string, writers int, per time.Duration, ids *atomic.Int64, variants []writeVariant) (map[string]float64, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(writers)
+	cfg.MinConns = int32(writers)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	run := func(v writeVariant, d time.Duration) (int64, time.Duration, error) {
+		var (
+			stop      atomic.Bool
+			committed atomic.Int64
+			wg        sync.WaitGroup
+			errOnce   sync.Once
+			firstErr  error
+		)
+		start := time.Now()
+		for range writers {
+			wg.Go(func() {
+				for !stop.Load() && ctx.Err() == nil {
+					if err := writeOne(ctx, pool, schema, ids.Add(1), v.step); err != nil {
+						errOnce.Do(func() { firstErr = err })
+						stop.Store(true)
+						return
+					}
+					committed.Add(1)
+				}
+			})
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+		stop.Store(true)
+		wg.Wait()
+		if firstErr == nil {
+			firstErr = ctx.Err()
+		}
+		return committed.Load(), time.Since(start), firstErr
+	}
+	// Warm up: open every connection and prepare every statement.
+	for _, v := range variants {
+		if _, _, err := run(v, 200*time.Millisecond); err != nil {
+			return nil, fmt.Errorf("%d writers, %s: %w", writers, v.name, err)
+		}
+	}
+	count := map[string]int64{}
+	elapsed := map[string]time.Duration{}
+	for r := range writeRounds {
+		for i := range variants {
+			v := variants[(i+r)%len(variants)]
+			n, dt, err := run(v, per/writeRounds)
+			if err != nil {
+				return nil, fmt.Errorf("%d writers, %s: %w", writers, v.name, err)
+			}
+			count[v.name] += n
+			elapsed[v.name] += dt
+		}
+	}
+	rates := map[string]float64{}
+	for _, v := range variants {
+		rates[v.name] = float64(count[v.name]) / elapsed[v.name].Seconds()
+	}
+	return rates, nil
+}
+
+func writeOne(ctx context.Context, pool *pgxpool.Pool, schema string, id int64, step func(context.Context, pgx.Tx, int64) error) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer rollback(tx)
+	if err := insertOrder(ctx, tx, schema, id); err != nil {
+		return err
+	}
+	if step != nil {
+		if err := step(ctx, tx, id); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// rollback ends tx if Commit was not reached, under a context of its own
+// so that a cancelled run leaves no transaction open.
+func rollback(tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(ctx)
+}
 
 func publishN(tx pgx.Tx, d sqladapters.Dialect, id int64, n int, payload []byte) error {
 	pub, err := forwarder.NewPublisher(pgxv5.WrapTx(tx), forwarder.PublisherConfig{Dialect: d})
