@@ -190,6 +190,7 @@ var unavailableMarkers = []string{
 	"connection is not open",
 	"channel/connection is not open",
 	"run out of available brokers",
+	"circuit breaker is open", // sarama's own breaker, for a while after its broker came back
 	"no route to host",
 	"unable to dial",
 	"use of closed network connection",

@@ -67,6 +67,7 @@ func TestDestinationUnavailableTellsOutagesFromMessageErrors(t *testing.T) {
 		fmt.Errorf("publish: %w", syscall.ECONNREFUSED),
 		&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("boom")},
 		errors.New("kafka: client has run out of available brokers to talk to"),
+		errors.New("circuit breaker is open\ncannot produce message 25502664"),
 		errors.New("Exception (504) Reason: \"channel/connection is not open\""),
 		&PartialError{Delivered: 3, Err: fmt.Errorf("connection lost: %w", ErrDestinationUnavailable)},
 	}
