@@ -3,8 +3,13 @@ package integration_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -408,7 +413,8 @@ func processSpans(r *tracetest.SpanRecorder) []sdktrace.ReadOnlySpan {
 
 // TestTraceContinuesThroughBrokers writes a message into the outbox inside
 // a traced request, forwards it to Kafka (kfake) or RabbitMQ, and consumes
-// it through the inbox middleware: the handler runs in the request's trace,
+// it through the inbox middleware: the forwarder's send span, the
+// consumer's process span and the handler are in the request's trace,
 // carried by the metadata the brokers turn into headers.
 func TestTraceContinuesThroughBrokers(t *testing.T) {
 	for _, c := range []struct {
@@ -446,7 +452,10 @@ func TestTraceContinuesThroughBrokers(t *testing.T) {
 				})
 				r.AddMiddleware(inboxMW)
 			})
-			conformance.StartForwarder(t, forwarder.Config{DB: env.DB, Dialect: d, Publisher: b.pub})
+			conformance.StartForwarder(t, forwarder.Config{
+				DB: env.DB, Dialect: d, Publisher: b.pub,
+				Telemetry: forwarder.Telemetry{TracerProvider: tp, MessagingSystem: c.name},
+			})
 
 			reqCtx, reqSpan := tp.Tracer("shop").Start(ctx, "POST /checkout")
 			tx, err := env.DB.Begin(reqCtx, sql.TxOptions{})
@@ -475,6 +484,424 @@ func TestTraceContinuesThroughBrokers(t *testing.T) {
 			case <-time.After(conformance.WaitTimeout):
 				t.Fatal("the message was not handled")
 			}
+
+			// The forwarder's send span and the consumer's process span
+			// are in the request's trace, children of the producing span.
+			producer := reqSpan.SpanContext()
+			var send, process sdktrace.ReadOnlySpan
+			conformance.WaitFor(t, "the send and process spans", func() bool {
+				for _, s := range spans.Ended() {
+					switch s.Name() {
+					case "send " + b.topic:
+						send = s
+					case "process " + b.topic:
+						process = s
+					}
+				}
+				return send != nil && process != nil
+			})
+			sendAttrs := attribute.NewSet(send.Attributes()...)
+			op, _ := sendAttrs.Value("messaging.operation.name")
+			dest, _ := sendAttrs.Value("messaging.destination.name")
+			sys, _ := sendAttrs.Value("messaging.system")
+			if op.AsString() != "send" || dest.AsString() != b.topic || sys.AsString() != c.name || send.SpanKind() != trace.SpanKindProducer {
+				t.Errorf("send span kind %s attributes %v", send.SpanKind(), send.Attributes())
+			}
+			if send.Status().Code == codes.Error {
+				t.Errorf("send span failed: %s", send.Status().Description)
+			}
+			for _, s := range []sdktrace.ReadOnlySpan{send, process} {
+				if s.SpanContext().TraceID() != producer.TraceID() || s.Parent().SpanID() != producer.SpanID() {
+					t.Errorf("span %q in trace %s with parent %s, want trace %s and parent %s",
+						s.Name(), s.SpanContext().TraceID(), s.Parent().SpanID(), producer.TraceID(), producer.SpanID())
+				}
+			}
 		})
+	}
+}
+
+// collect reads every metric of r.
+func collect(t *testing.T, r *sdkmetric.ManualReader) metricdata.ResourceMetrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	return rm
+}
+
+// points calls each for every data point of the metric name, with its
+// attributes and its value: the sum of a counter, the value of a gauge,
+// the count of a histogram.
+func points(rm metricdata.ResourceMetrics, name string, each func(attrs attribute.Set, v int64)) {
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range data.DataPoints {
+					each(dp.Attributes, dp.Value)
+				}
+			case metricdata.Gauge[int64]:
+				for _, dp := range data.DataPoints {
+					each(dp.Attributes, dp.Value)
+				}
+			case metricdata.Histogram[float64]:
+				for _, dp := range data.DataPoints {
+					each(dp.Attributes, int64(dp.Count))
+				}
+			case metricdata.Histogram[int64]:
+				for _, dp := range data.DataPoints {
+					each(dp.Attributes, int64(dp.Count))
+				}
+			}
+		}
+	}
+}
+
+// byOutcome sums the metric name by destination topic and error.type,
+// as "topic error=class" ("topic error=" for successes).
+func byOutcome(rm metricdata.ResourceMetrics, name string) map[string]int64 {
+	out := map[string]int64{}
+	points(rm, name, func(attrs attribute.Set, v int64) {
+		topic, _ := attrs.Value("messaging.destination.name")
+		et, _ := attrs.Value("error.type")
+		out[topic.AsString()+" error="+et.AsString()] += v
+	})
+	return out
+}
+
+// checkBoundedAttributes fails if a data point of any metric carries a
+// message id or an ordering key.
+func checkBoundedAttributes(t *testing.T, rm metricdata.ResourceMetrics, forbidden ...string) {
+	t.Helper()
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			points(rm, m.Name, func(attrs attribute.Set, _ int64) {
+				for _, kv := range attrs.ToSlice() {
+					for _, f := range forbidden {
+						if strings.Contains(kv.Value.Emit(), f) {
+							t.Errorf("%s attribute %s=%q names a message or key", m.Name, kv.Key, kv.Value.Emit())
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// publishKeyed writes one committed message per key to topic and returns
+// the messages.
+func publishKeyed(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, topic string, keys ...string) []*message.Message {
+	t.Helper()
+	tx, err := db.Begin(ctx, sql.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqladapters.Rollback(tx)
+	pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]*message.Message, len(keys))
+	for i, k := range keys {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		msgs[i].Metadata.Set(forwarder.DefaultKeyMetadataField, k)
+	}
+	if err := pub.Publish(topic, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
+// errTooLarge is a destination's refusal of one message: a failure about
+// the message, retried with backoff and dead-lettered, unlike a lost
+// connection, which pauses the forwarder.
+var errTooLarge = errors.New("message too large")
+
+// TestForwarderMetricsPostgres drains an outbox through a forwarder with
+// an SDK meter and reads its metrics: every send counted once by topic,
+// the outbox gauges back to zero, one commit-to-ack measurement per
+// message; and a destination that refuses messages shows as failed sends
+// and dead letters of their topic.
+func TestForwarderMetricsPostgres(t *testing.T) {
+	pool := testenv.Postgres(t)
+	env := pgDialectEnv(pool)
+
+	t.Run("drain", func(t *testing.T) {
+		ctx := testenv.Ctx(t, time.Minute)
+		d := env.NewDialect(t)
+		reader, mp := newManualMeter(t)
+		unregister, err := forwarder.RegisterOutboxMetrics(mp, env.DB, d, forwarder.OutboxMetricsOptions{MinInterval: time.Nanosecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unregister() })
+
+		const n = 40
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("customer-%d", i%7)
+		}
+		msgs := publishKeyed(t, ctx, env.DB, d, "orders", keys...)
+		if g := collectOutboxGauges(t, reader); g.pending != n {
+			t.Fatalf("before forwarding: %+v, want %d pending", g, n)
+		}
+
+		dest := conformance.NewRecorder()
+		const partitions = 4
+		conformance.StartForwarder(t, forwarder.Config{
+			DB: env.DB, Dialect: d, Publisher: dest, Partitions: partitions,
+			Telemetry: forwarder.Telemetry{MeterProvider: mp, MessagingSystem: "kafka"},
+		})
+		dest.WaitFor(t, n, conformance.WaitTimeout)
+		conformance.WaitFor(t, "the outbox pending gauge to reach 0", func() bool {
+			return collectOutboxGauges(t, reader).pending == 0
+		})
+
+		rm := collect(t, reader)
+		if got := byOutcome(rm, forwarder.MetricSentMessages); len(got) != 1 || got["orders error="] != n {
+			t.Errorf("sent messages %v, want %d to orders and no failure", got, n)
+		}
+		if got := byOutcome(rm, forwarder.MetricCommitToAck); len(got) != 1 || got["orders error="] != n {
+			t.Errorf("commit-to-ack measurements %v, want %d for orders", got, n)
+		}
+		if got := byOutcome(rm, forwarder.MetricOperationDuration); got["orders error="] < 1 || len(got) != 1 {
+			t.Errorf("publish call durations %v, want successful calls to orders only", got)
+		}
+		var batchRows, running, held int64
+		points(rm, forwarder.MetricBatchSize, func(_ attribute.Set, v int64) { batchRows += v })
+		points(rm, forwarder.MetricRunning, func(_ attribute.Set, v int64) { running += v })
+		points(rm, forwarder.MetricPartitions, func(_ attribute.Set, v int64) { held += v })
+		if batchRows < 1 || running != 1 || held != partitions {
+			t.Errorf("batches %d, running %d, partitions %d; want some, 1 and %d", batchRows, running, held, partitions)
+		}
+		table := strings.NewReplacer(`"`, "", "`", "").Replace(d.OutboxTable())
+		points(rm, forwarder.MetricSentMessages, func(attrs attribute.Set, _ int64) {
+			tab, _ := attrs.Value(forwarder.AttrOutboxTable)
+			sys, _ := attrs.Value("messaging.system")
+			op, _ := attrs.Value("messaging.operation.name")
+			if tab.AsString() != table || sys.AsString() != "kafka" || op.AsString() != "send" {
+				t.Errorf("sent messages attributes %v", attrs.ToSlice())
+			}
+		})
+		forbidden := []string{"customer-"}
+		for _, m := range msgs {
+			forbidden = append(forbidden, m.UUID)
+		}
+		checkBoundedAttributes(t, rm, forbidden...)
+	})
+
+	t.Run("failures", func(t *testing.T) {
+		ctx := testenv.Ctx(t, time.Minute)
+		d := env.NewDialect(t)
+		reader, mp := newManualMeter(t)
+		dest := conformance.NewRecorder()
+		dest.SetReject(func(_ string, m *message.Message) error {
+			if m.Metadata.Get("size") == "huge" {
+				return errTooLarge
+			}
+			return nil
+		})
+		const maxAttempts = 3
+		conformance.StartForwarder(t, forwarder.Config{
+			DB: env.DB, Dialect: d, Publisher: dest,
+			MaxAttempts: maxAttempts, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+			PollInterval: 20 * time.Millisecond,
+			Telemetry:    forwarder.Telemetry{MeterProvider: mp},
+		})
+
+		// Two refused messages of two keys (too few to look like an
+		// outage) and two accepted ones.
+		tx, err := env.DB.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msgs []*message.Message
+		for i, topic := range []string{"invoices", "invoices", "orders", "orders"} {
+			m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+			m.Metadata.Set(forwarder.DefaultKeyMetadataField, fmt.Sprintf("customer-%d", i))
+			if topic == "invoices" {
+				m.Metadata.Set("size", "huge")
+			}
+			if err := pub.Publish(topic, m); err != nil {
+				t.Fatal(err)
+			}
+			msgs = append(msgs, m)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		dest.WaitFor(t, 2, conformance.WaitTimeout)
+		conformance.WaitFor(t, "two dead letters", func() bool {
+			dead, err := forwarder.DeadLetters(ctx, env.DB, d, 0, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(dead) == 2
+		})
+		// The counters are recorded before the dead letter is written.
+		rm := collect(t, reader)
+		want := map[string]int64{"orders error=": 2, "invoices error=" + forwarder.ErrorClassPublish: 2 * maxAttempts}
+		if got := byOutcome(rm, forwarder.MetricSentMessages); !maps.Equal(got, want) {
+			t.Errorf("sent messages %v, want %v", got, want)
+		}
+		if got := byOutcome(rm, forwarder.MetricOperationDuration); got["invoices error="+forwarder.ErrorClassPublish] != 2*maxAttempts {
+			t.Errorf("publish call durations %v, want %d failed calls to invoices", got, 2*maxAttempts)
+		}
+		if got := byOutcome(rm, forwarder.MetricDeadLettered); !maps.Equal(got, map[string]int64{"invoices error=": 2}) {
+			t.Errorf("dead lettered %v, want 2 of invoices", got)
+		}
+		if got := byOutcome(rm, forwarder.MetricCommitToAck); !maps.Equal(got, map[string]int64{"orders error=": 2}) {
+			t.Errorf("commit-to-ack measurements %v, want 2 for orders", got)
+		}
+		forbidden := []string{"customer-", errTooLarge.Error()}
+		for _, m := range msgs {
+			forbidden = append(forbidden, m.UUID)
+		}
+		checkBoundedAttributes(t, rm, forbidden...)
+	})
+}
+
+// readiness is one answer of the readiness check.
+type readiness struct {
+	code   int
+	Status string   `json:"status"`
+	Reason []string `json:"reasons"`
+	Detail struct {
+		Running    bool  `json:"running"`
+		Partitions []int `json:"partitions"`
+		Pending    int64 `json:"pending"`
+	} `json:"forwarder"`
+}
+
+func (r readiness) String() string {
+	return fmt.Sprintf("%d %s %q running=%v partitions=%v pending=%d", r.code, r.Status, r.Reason, r.Detail.Running, r.Detail.Partitions, r.Detail.Pending)
+}
+
+func checkReady(t *testing.T, h http.Handler) readiness {
+	t.Helper()
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	r := readiness{code: w.Code}
+	if err := json.Unmarshal(w.Body.Bytes(), &r); err != nil {
+		t.Fatalf("readiness body %q: %v", w.Body.String(), err)
+	}
+	return r
+}
+
+// waitReady polls the readiness check until ok says its answer is the one
+// awaited, and returns it.
+func waitReady(t *testing.T, h http.Handler, what string, ok func(readiness) bool) readiness {
+	t.Helper()
+	var last readiness
+	deadline := time.Now().Add(conformance.WaitTimeout)
+	for {
+		if last = checkReady(t, h); ok(last) {
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness never became %s; last answer: %v", what, last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func hasReason(r readiness, part string) bool {
+	return slices.ContainsFunc(r.Reason, func(s string) bool { return strings.Contains(s, part) })
+}
+
+// currentForwarder is the status source of a process that replaces its
+// forwarder: the health handler stays mounted while instances come and
+// go.
+type currentForwarder struct {
+	atomic.Pointer[forwarder.Forwarder]
+}
+
+func (c *currentForwarder) Status(ctx context.Context) (forwarder.Status, error) {
+	return c.Load().Status(ctx)
+}
+
+// TestReadinessPostgres follows the readiness check of real forwarders:
+// not ready before Run, ready while running, not ready while a message
+// waits longer than MaxPendingAge (refused by the destination, or with no
+// forwarder running) and after Close, and ready again once a new forwarder
+// runs and drains the outbox.
+func TestReadinessPostgres(t *testing.T) {
+	pool := testenv.Postgres(t)
+	env := pgDialectEnv(pool)
+	ctx := testenv.Ctx(t, time.Minute)
+	d := env.NewDialect(t)
+	dest := conformance.NewRecorder()
+	cfg := forwarder.Config{
+		DB: env.DB, Dialect: d, Publisher: dest, Partitions: 4,
+		MaxAttempts: -1, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond,
+	}
+	const maxAge = 300 * time.Millisecond
+	src := &currentForwarder{}
+	h := forwarder.HealthHandler(src, forwarder.HealthOptions{MaxPendingAge: maxAge})
+	running := func(r readiness) bool { return r.code == http.StatusOK && r.Status == "ready" && r.Detail.Running }
+
+	first, err := forwarder.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Store(first)
+	if r := checkReady(t, h); r.code != http.StatusServiceUnavailable || !hasReason(r, "not running") {
+		t.Fatalf("before Run: %v", r)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- first.Run(context.Background()) }()
+	t.Cleanup(func() { _ = first.Close() })
+	if err := first.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, h, "ready with every partition", func(r readiness) bool { return running(r) && len(r.Detail.Partitions) == 4 })
+
+	// A message the destination refuses waits past the age limit while
+	// the forwarder runs.
+	dest.SetReject(func(string, *message.Message) error { return errTooLarge })
+	publishKeyed(t, ctx, env.DB, d, "orders", "customer-1")
+	r := waitReady(t, h, "not ready for the age limit", func(r readiness) bool { return r.code == http.StatusServiceUnavailable })
+	if !r.Detail.Running || len(r.Reason) != 1 || !hasReason(r, "oldest pending message") || r.Detail.Pending != 1 {
+		t.Fatalf("past the age limit while running: %v", r)
+	}
+	dest.SetReject(nil)
+	waitReady(t, h, "ready once the message is sent", func(r readiness) bool { return running(r) && r.Detail.Pending == 0 })
+
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if r := checkReady(t, h); r.code != http.StatusServiceUnavailable || r.Detail.Running || !hasReason(r, "not running") {
+		t.Fatalf("after Close: %v", r)
+	}
+
+	// With no forwarder running, a new message ages past the limit.
+	publishKeyed(t, ctx, env.DB, d, "orders", "customer-2")
+	r = waitReady(t, h, "not ready for the age limit", func(r readiness) bool { return hasReason(r, "oldest pending message") })
+	if r.code != http.StatusServiceUnavailable || !hasReason(r, "not running") || r.Detail.Pending != 1 {
+		t.Fatalf("past the age limit with no forwarder: %v", r)
+	}
+
+	// A new forwarder takes over and drains the outbox.
+	second := conformance.StartForwarder(t, cfg)
+	src.Store(second)
+	waitReady(t, h, "ready with a new forwarder", func(r readiness) bool { return running(r) && r.Detail.Pending == 0 && len(r.Reason) == 0 })
+	if dest.Distinct() != 2 {
+		t.Fatalf("%d messages delivered, want 2", dest.Distinct())
 	}
 }
