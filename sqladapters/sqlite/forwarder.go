@@ -17,11 +17,18 @@ const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attem
 // is not held back.
 // Lists of partitions and ids travel as one JSON array each (json_each), so
 // the SQL text depends only on which filters are set.
+//
+// The current time is a parameter, taken once: SQLite evaluates 'now'
+// afresh for each row a statement steps through, so a retry's backoff
+// could end between the check of the row itself (not due yet) and that of
+// a later row of its key (no longer held back), letting the later row go
+// first. SQLite runs in this process, on the same clock.
 func (d *Dialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
-	var args []any
+	at := time.Now().UTC().Format(timeFormat)
+	args := []any{at}
 	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o
-WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= ` + now)
+WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= ?`)
 	if q.Owned != nil {
 		b.WriteString(` AND o.key_hash % ? IN (SELECT value FROM json_each(?))`)
 		args = append(args, q.Partitions, idList(q.Owned))
@@ -34,10 +41,10 @@ WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= ` + 
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p
 	WHERE p.key_hash = o.key_hash AND p.id < o.id AND p.attempts > 0
-	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > ` + now + `
+	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > ?
 	AND p.key = o.key))
 ORDER BY o.id LIMIT ?`)
-	args = append(args, q.Limit)
+	args = append(args, at, q.Limit)
 	return sqladapters.Query{SQL: b.String(), Args: args}
 }
 
@@ -185,3 +192,6 @@ func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Q
 func (d *Dialect) HighWaterMark() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT coalesce(max(id), 0) FROM ` + d.outbox}
 }
+
+// timeFormat is the text form of now: strftime('%Y-%m-%dT%H:%M:%fZ').
+const timeFormat = "2006-01-02T15:04:05.000Z"

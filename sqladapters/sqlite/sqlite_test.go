@@ -204,7 +204,7 @@ func TestSQLiteRequeueAndPartitionListsKeepNilMeaning(t *testing.T) {
 	if q := d.SelectPending(sqladapters.PendingQuery{Limit: 1}); strings.Contains(q.SQL, "key_hash %") {
 		t.Fatalf("nil Owned must read every partition:\n%s", q.SQL)
 	}
-	if q := d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 1}); !strings.Contains(q.SQL, "key_hash %") || q.Args[1] != "[]" {
+	if q := d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 1}); !strings.Contains(q.SQL, "key_hash %") || q.Args[2] != "[]" {
 		t.Fatalf("empty Owned must read no partition: %v\n%s", q.Args, q.SQL)
 	}
 }
