@@ -189,8 +189,12 @@ func (d *dispatcher) loop() {
 		case m := <-d.marks:
 			d.watching = false
 			if m.err == nil && m.mark != d.hwm {
+				// The mark moves when a row is inserted, before its
+				// transaction commits: look again shortly after too.
 				d.hwm = m.mark
 				d.dirty = true
+				d.fastIdx = 0
+				d.resetPoll(fastPolls[0])
 			}
 			d.watch.Reset(d.f.cfg.WatchInterval)
 		}
