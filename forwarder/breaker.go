@@ -53,7 +53,6 @@ func (d *dispatcher) openBreaker(cause error) {
 		l.ready = false
 	}
 	d.readyq = nil
-	d.f.breakerOpen.Store(true)
 	d.f.reportError(cause)
 	d.f.cfg.Logger.Error("millbox forwarder: destination unavailable; pausing every key and probing until it is back", cause,
 		watermill.LogFields{"probe_every_max": probeMax.String()})
@@ -108,7 +107,6 @@ func (d *dispatcher) closeBreaker() {
 	b.open, b.probing, b.probeRead = false, false, false
 	b.success()
 	d.probe.Stop()
-	d.f.breakerOpen.Store(false)
 	for _, l := range d.lanes {
 		d.settle(l)
 	}

@@ -129,26 +129,30 @@ type Config struct {
 // Hooks are called from the forwarder's goroutines; they must be fast and
 // safe for concurrent use.
 type Hooks struct {
-	// OnBatch is called after each round with the rows read, published,
-	// failed and dead-lettered, and the round's duration. Published rows
-	// are deleted in the background: right after OnBatch they may still be
-	// in the table (OutboxBacklog counts them as pending).
+	// OnBatch is called after each Publish call of the destination with
+	// its outcome. Published rows are deleted in the background: right
+	// after OnBatch they may still be in the table (OutboxBacklog counts
+	// them as pending).
 	OnBatch func(BatchStats)
 	// OnFailure is called for every failed attempt.
 	OnFailure func(f sqladapters.Failure, row sqladapters.OutboxRow)
-	// OnError is called when the forwarder itself fails at something it
-	// retries: a read of the outbox, recording a failed attempt, deleting
-	// published rows, renewing leases.
+	// OnError is called when the forwarder meets an error it retries: a
+	// read of the outbox, recording a failed attempt, deleting published
+	// rows, renewing leases, table maintenance, the destination becoming
+	// unavailable, a Publish call passing PublishTimeout.
 	OnError func(error)
 	// OnRead is called after each read of the outbox with the number of
 	// rows it returned.
 	OnRead func(rows int)
 }
 
-// BatchStats describes one round of the forwarder.
+// BatchStats describes one Publish call of the destination: the messages
+// handed to it, those it delivered, those it failed (zero when the call
+// succeeded), and how long it took. Dead letters are reported through
+// Hooks.OnFailure (Failure.Dead).
 type BatchStats struct {
-	Read, Forwarded, Failed, DeadLettered, Skipped int
-	Duration                                       time.Duration
+	Messages, Forwarded, Failed int
+	Duration                    time.Duration
 }
 
 func (c *Config) setDefaults() {

@@ -2,6 +2,7 @@ package forwarder
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -298,15 +299,14 @@ func (d *dispatcher) onCall(ev callEvent) {
 		d.buffered -= ev.delivered
 		d.deleting += len(ids)
 		d.del.add(ids)
-		d.f.lastPublish.Store(time.Now().UnixNano())
 		if l.single > 0 {
 			l.single = max(l.single-ev.delivered, 0)
 		}
 	}
 	if d.f.cfg.Hooks.OnBatch != nil {
-		st := BatchStats{Read: len(c.rows), Forwarded: ev.delivered, Duration: ev.took}
+		st := BatchStats{Messages: len(c.rows), Forwarded: ev.delivered, Duration: ev.took}
 		if ev.err != nil {
-			st.Failed = 1
+			st.Failed = len(c.rows) - ev.delivered
 		}
 		d.f.cfg.Hooks.OnBatch(st)
 	}
@@ -338,7 +338,7 @@ func (d *dispatcher) onCall(ev callEvent) {
 		d.settle(l)
 		return
 	}
-	if undelivered := len(c.rows) - ev.delivered; undelivered > 1 && !isPartial(ev) && !isPermanent(ev.err) {
+	if undelivered := len(c.rows) - ev.delivered; undelivered > 1 && !ev.partial && !isPermanent(ev.err) {
 		// Several messages failed together: send them one by one to
 		// find the one that fails.
 		l.single = undelivered
@@ -358,12 +358,9 @@ func (d *dispatcher) onCall(ev callEvent) {
 	d.fail(l, l.queue[0], ev.err)
 }
 
-// isPartial tells whether the publisher said which messages got through.
-func isPartial(ev callEvent) bool { return ev.partial || ev.delivered > 0 }
-
 func isPermanent(err error) bool {
-	_, ok := err.(permanentError)
-	return ok
+	var perm permanentError
+	return errors.As(err, &perm)
 }
 
 // fail records a failed attempt of row, the first undelivered row of l.

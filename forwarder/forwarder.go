@@ -67,11 +67,6 @@ type Forwarder struct {
 	releases chan *releaseReq // to the dispatcher of the current Run
 	short    atomic.Bool      // holding fewer partitions than the fair share
 
-	lastPublish atomic.Int64 // unix nanoseconds
-	breakerOpen atomic.Bool
-	errMu       sync.Mutex
-	lastErr     error
-	lastErrAt   time.Time
 }
 
 // New validates cfg and returns a forwarder. It starts nothing: call Run.
@@ -263,14 +258,13 @@ func (f *Forwarder) signal() {
 }
 
 // reportError remembers the latest error for Status and passes it to
-// Hooks.OnError.
+// Hooks.OnError. Failed Publish calls are remembered by the telemetry's
+// failed count.
 func (f *Forwarder) reportError(err error) {
 	if err == nil {
 		return
 	}
-	f.errMu.Lock()
-	f.lastErr, f.lastErrAt = err, time.Now()
-	f.errMu.Unlock()
+	f.tel.noteError(err)
 	if f.cfg.Hooks.OnError != nil {
 		f.cfg.Hooks.OnError(err)
 	}
@@ -305,18 +299,8 @@ func (f *Forwarder) leaseValid() bool {
 }
 
 func queryInt(ctx context.Context, e sqladapters.Executor, q sqladapters.Query) (int, error) {
-	rows, err := q.Query(ctx, e)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	var n int
-	if rows.Next() {
-		if err := rows.Scan(&n); err != nil {
-			return 0, err
-		}
-	}
-	return n, rows.Err()
+	n, err := queryInt64(ctx, e, q)
+	return int(n), err
 }
 
 // isRunning tells whether Run is forwarding: started, holding leases, not
@@ -344,16 +328,7 @@ func (f *Forwarder) Status(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	s := f.tel.status(f.isRunning(), f.Partitions(), stats)
-	f.errMu.Lock()
-	if f.lastErr != nil && f.lastErrAt.After(s.LastErrorAt) {
-		s.LastError, s.LastErrorAt = cleanError(f.lastErr), f.lastErrAt
-	}
-	f.errMu.Unlock()
-	if ns := f.lastPublish.Load(); ns != 0 && time.Unix(0, ns).After(s.LastPublish) {
-		s.LastPublish = time.Unix(0, ns)
-	}
-	return s, nil
+	return f.tel.status(f.isRunning(), f.Partitions(), stats), nil
 }
 
 func queryInt64(ctx context.Context, e sqladapters.Executor, q sqladapters.Query) (int64, error) {

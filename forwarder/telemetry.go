@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -175,7 +174,7 @@ func errorClass(err error) string {
 	switch {
 	case err == nil:
 		return ""
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errPublishTimeout):
 		return ErrorClassTimeout
 	case errors.Is(err, context.Canceled):
 		return ErrorClassCanceled
@@ -185,7 +184,7 @@ func errorClass(err error) string {
 		return ErrorClassDestinationUnavailable
 	case errors.As(err, &netErr) && netErr.Timeout():
 		return ErrorClassTimeout
-	case errors.As(err, &netErr), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+	case destinationUnavailable(err): // the classification the breaker uses
 		return ErrorClassDestinationUnavailable
 	}
 	return ErrorClassPublish
@@ -303,12 +302,16 @@ func (t *telemetry) failed(ctx context.Context, topic string, n int, err error) 
 		class = ErrorClassPublish
 	}
 	t.sentMessages.Add(ctx, int64(n), metric.WithAttributes(t.attrs(topic, class)...))
-	msg := "unknown error"
-	if err != nil {
-		msg = err.Error()
+	if err == nil {
+		err = errors.New("unknown error")
 	}
+	t.noteError(err)
+}
+
+// noteError remembers err as the last error, for Status.
+func (t *telemetry) noteError(err error) {
 	t.errMu.Lock()
-	t.lastErr, t.lastErrAt = msg, time.Now()
+	t.lastErr, t.lastErrAt = cleanError(err), time.Now()
 	t.errMu.Unlock()
 }
 

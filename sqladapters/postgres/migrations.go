@@ -4,18 +4,9 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
-// Migrations lists the schema versions. With Options.Partitioned,
-// version 1 creates the partitioned outbox instead (see layout); every
-// later version applies to both layouts, so its statements must work on
-// a partitioned table too.
-func (d *Dialect) Migrations() []sqladapters.Migration {
-	o, t := d.outbox, d.opts.OutboxTable
-	ms := []sqladapters.Migration{{
-		Version: 1,
-		Name:    "outbox, leases and inbox",
-		Statements: []string{
-			`CREATE TABLE IF NOT EXISTS ` + o + ` (
-	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+// outboxColumns are the outbox's columns after id, the same in the plain
+// and the partitioned layout.
+const outboxColumns = `
 	topic           text        NOT NULL,
 	uuid            text        NOT NULL,
 	payload         bytea       NOT NULL,
@@ -27,7 +18,20 @@ func (d *Dialect) Migrations() []sqladapters.Migration {
 	last_error      text,
 	next_attempt_at timestamptz NOT NULL DEFAULT now(),
 	dead_at         timestamptz,
-	published_at    timestamptz
+	published_at    timestamptz`
+
+// Migrations lists the schema versions. With Options.Partitioned,
+// version 1 creates the partitioned outbox instead (see layout); every
+// later version applies to both layouts, so its statements must work on
+// a partitioned table too.
+func (d *Dialect) Migrations() []sqladapters.Migration {
+	o, t := d.outbox, d.opts.OutboxTable
+	ms := []sqladapters.Migration{{
+		Version: 1,
+		Name:    "outbox, leases and inbox",
+		Statements: []string{
+			`CREATE TABLE IF NOT EXISTS ` + o + ` (
+	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,` + outboxColumns + `
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.01)`,
 			// The forwarder reads pending rows in id order through this index.
 			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_pending_idx") + ` ON ` + o +

@@ -211,19 +211,7 @@ func (d *Dialect) partitionedOutbox() []string {
 		// The columns are those of the plain layout; the primary key
 		// holds the partition key, as Postgres requires.
 		`CREATE TABLE IF NOT EXISTS ` + o + ` (
-	id              bigint GENERATED ALWAYS AS IDENTITY,
-	topic           text        NOT NULL,
-	uuid            text        NOT NULL,
-	payload         bytea       NOT NULL,
-	metadata        jsonb       NOT NULL DEFAULT '{}',
-	key             text,
-	key_hash        integer     NOT NULL DEFAULT 0,
-	created_at      timestamptz NOT NULL DEFAULT now(),
-	attempts        integer     NOT NULL DEFAULT 0,
-	last_error      text,
-	next_attempt_at timestamptz NOT NULL DEFAULT now(),
-	dead_at         timestamptz,
-	published_at    timestamptz,
+	id              bigint GENERATED ALWAYS AS IDENTITY,` + outboxColumns + `,
 	PRIMARY KEY (id, created_at)
 ) PARTITION BY RANGE (created_at)`,
 		`CREATE INDEX IF NOT EXISTS ` + quote(t+"_pending_idx") + ` ON ` + o +
