@@ -151,16 +151,25 @@ func redactErr(err error, dsn string) string {
 	return msg
 }
 
-// tableFlags are the --schema and table-name flags.
+// tableFlags are the --schema and table-name flags, and the layout
+// 'migrate' creates.
 type tableFlags struct {
 	schema, outbox, inbox string
+	// partitioned, for 'migrate' on Postgres, creates the time-partitioned
+	// outbox (postgres.Options.Partitioned).
+	partitioned *postgres.PartitionOptions
 }
 
 // dialect builds the dialect of kind with the table flags.
 func (f tableFlags) dialect(kind string) (sqladapters.Dialect, error) {
 	switch kind {
 	case "postgres":
-		return postgres.New(postgres.Options{Schema: f.schema, OutboxTable: f.outbox, InboxTable: f.inbox})
+		return postgres.New(postgres.Options{Schema: f.schema, OutboxTable: f.outbox, InboxTable: f.inbox, Partitioned: f.partitioned})
+	}
+	if f.partitioned != nil {
+		return nil, fmt.Errorf("--partitioned applies to PostgreSQL only, not %s", kind)
+	}
+	switch kind {
 	case "mysql":
 		return mysql.New(mysql.Options{Database: f.schema, OutboxTable: f.outbox, InboxTable: f.inbox})
 	case "sqlite":

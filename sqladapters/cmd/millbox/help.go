@@ -65,11 +65,18 @@ take a lock, and versions already applied are skipped. It records applied versio
 (MySQL) included when --schema is set. It needs no connection: the database comes from
 --dsn or from --db. Its statements are idempotent; pick one way to migrate and keep to it.
 
+--partitioned (PostgreSQL) creates the outbox as a table partitioned by creation time,
+one partition per --interval (default 24h), for outboxes whose forwarded rows are kept
+for audit or that may hold tens of millions of rows; see 'millbox help partitions'. It
+chooses the layout of a new installation; an existing outbox keeps its layout. Forwarders
+and publishers then need postgres.Options{Partitioned: ...} with the same interval.
+
 Examples:
   millbox migrate up --dsn 'postgres://app@localhost:5432/app' --schema messaging
   millbox migrate up --dsn 'sqlite:///var/lib/app/app.db'
   millbox migrate sql --db postgres --schema messaging > migrations/0001_millbox.sql
   millbox migrate sql --db mysql --outbox-table events_outbox
+  millbox migrate up --dsn 'postgres://app@localhost:5432/app' --partitioned --interval 24h
 `
 
 const statusUsage = `Usage:

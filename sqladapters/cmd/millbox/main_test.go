@@ -699,6 +699,45 @@ func TestMigrateSQLAppliesToPostgres(t *testing.T) {
 	}
 }
 
+func TestMigratePartitioned(t *testing.T) {
+	t.Parallel()
+	r := mustRun(t, "migrate", "sql", "--db", "postgres", "--partitioned", "--interval", "6h")
+	if !strings.Contains(r.stdout, "PARTITION BY RANGE (created_at)") {
+		t.Fatalf("migrate sql --partitioned prints no partitioned outbox:\n%s", r.stdout)
+	}
+	for _, args := range [][]string{
+		{"migrate", "sql", "--db", "mysql", "--partitioned"},
+		{"migrate", "sql", "--db", "sqlite", "--partitioned"},
+		{"migrate", "sql", "--db", "postgres", "--interval", "6h"},
+		{"migrate", "sql", "--db", "postgres", "--partitioned", "--interval", "90m"},
+	} {
+		if r := runCmd(t, args...); r.code != exitUsage || r.stderr == "" {
+			t.Fatalf("%v: want a usage error, got %s", args, r)
+		}
+	}
+
+	in := postgresInstallation(t)
+	cli := func(args ...string) []string { return append(append(args, "--dsn", in.dsn), in.flags...) }
+	mustRun(t, cli("migrate", "up", "--partitioned", "--interval", "6h")...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := in.db.(*pgxv5.DB).Unwrap().(*pgxpool.Pool)
+	var kind string
+	if err := pool.QueryRow(ctx, `SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = 'millbox_outbox'`, in.flags[1]).Scan(&kind); err != nil {
+		t.Fatal(err)
+	}
+	if kind != "p" {
+		t.Fatalf("migrate up --partitioned created relkind %q, want a partitioned table (p)", kind)
+	}
+	// The partitions command manages what migrate created.
+	r = mustRun(t, cli("partitions", "maintain", "--interval", "6h")...)
+	r = mustRun(t, cli("partitions", "list", "--interval", "6h")...)
+	if !strings.Contains(r.stdout, "millbox_outbox_default") || !strings.Contains(r.stdout, "millbox_outbox_p") {
+		t.Fatalf("partitions list after migrate up --partitioned:\n%s", r.stdout)
+	}
+}
+
 func TestUsage(t *testing.T) {
 	t.Parallel()
 	r := mustRun(t, "help")

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
 func migrateCmd(ctx context.Context, e env, args []string) error {
@@ -13,9 +14,18 @@ func migrateCmd(ctx context.Context, e env, args []string) error {
 	var c common
 	c.register(fs)
 	db := fs.String("db", "", "for 'migrate sql' without --dsn: postgres, mysql or sqlite")
+	partitioned := fs.Bool("partitioned", false, "Postgres: create the outbox as a time-partitioned table (postgres.Options.Partitioned)")
+	var po postgres.PartitionOptions
+	fs.Var(ageFlag{&po.Interval}, "interval", "with --partitioned: range of one partition, whole hours (PartitionOptions.Interval; default 24h)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
+	}
+	switch {
+	case *partitioned:
+		c.tables.partitioned = &po
+	case po.Interval != 0:
+		return usagef("--interval needs --partitioned")
 	}
 	if len(pos) != 1 {
 		return usagef("migrate needs one subcommand, up or sql; run 'millbox help migrate'")
