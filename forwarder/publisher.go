@@ -55,6 +55,15 @@ type PublisherConfig struct {
 	// without the field is not ordered relative to others. Defaults to
 	// DefaultKeyMetadataField.
 	KeyMetadataField string
+	// OrderingKey, when set, derives each message's ordering key from the
+	// message, for producers that cannot set metadata themselves (a
+	// cqrs.EventBus, a library's publisher): for example the aggregate id
+	// read from the payload or from metadata set elsewhere. The key is
+	// stored in the KeyMetadataField metadata of the message, so the
+	// forwarder and the destination (watermill-kafka's partitioning
+	// marshaler, kafkabatch) see it as if the producer had set it. An empty
+	// result leaves the message as it is.
+	OrderingKey func(topic string, msg *message.Message) string
 	// MaxPayloadBytes rejects larger payloads at write time, instead of
 	// letting the broker reject them later. Defaults to
 	// DefaultMaxPayloadBytes; a negative value disables the check. It
@@ -158,6 +167,29 @@ func newPublisher(tx sqladapters.Tx, cfg PublisherConfig) (*Publisher, error) {
 // ascending outbox ids. Publishing no message is a no-op. A call that fails
 // writes none of its messages.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	return p.publish(nil, nil, topic, msgs)
+}
+
+// PublishTx writes msgs to the outbox for topic in tx, whatever the
+// publisher is bound to and whatever the messages' contexts carry: one
+// call, with one publisher made at start, publishes in any transaction.
+//
+//	err = outbox.PublishTx(ctx, pgxv5.WrapTx(tx), "orders", msg)
+//
+// It is Publish otherwise: the same checks, order and all-or-nothing.
+func (p *Publisher) PublishTx(ctx context.Context, tx sqladapters.Tx, topic string, msgs ...*message.Message) error {
+	if tx == nil {
+		return fmt.Errorf("%w: PublishTx needs a transaction", ErrNoTx)
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return p.publish(ctx, tx, topic, msgs)
+}
+
+// publish writes msgs in tx, or, when tx is nil, in the bound transaction
+// or the one of the messages' context.
+func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string, msgs []*message.Message) error {
 	if p.closed.Load() {
 		return ErrClosed
 	}
@@ -174,6 +206,19 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		return fmt.Errorf("%w: topic %q contains a NUL byte, which Postgres cannot store in text", ErrInvalidMessage, topic)
 	}
 	injectTrace(p.cfg.Telemetry.Propagator, msgs)
+	if p.cfg.OrderingKey != nil {
+		for _, m := range msgs {
+			if m == nil {
+				continue
+			}
+			if key := p.cfg.OrderingKey(topic, m); key != "" {
+				if m.Metadata == nil {
+					m.Metadata = make(message.Metadata)
+				}
+				m.Metadata.Set(p.cfg.KeyMetadataField, key)
+			}
+		}
+	}
 	rows := make([]sqladapters.OutboxMessage, len(msgs))
 	for i, m := range msgs {
 		row, err := p.toRow(topic, i, m)
@@ -182,9 +227,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 		rows[i] = row
 	}
-	tx, ctx, err := p.txFor(msgs)
-	if err != nil {
-		return err
+	if tx == nil {
+		var err error
+		if tx, ctx, err = p.txFor(msgs); err != nil {
+			return err
+		}
 	}
 	if err := p.insert(ctx, tx, rows); err != nil {
 		return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), p.cfg.Dialect.ClassifyError(err))

@@ -1,6 +1,7 @@
 package forwarder
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -35,5 +36,15 @@ func TestKeylessMessagesSpreadByUUID(t *testing.T) {
 	}
 	if len(seen) < 2 {
 		t.Fatal("messages without a key all landed on one hash")
+	}
+}
+
+func TestPublishTxNeedsATransaction(t *testing.T) {
+	p, err := NewContextPublisher(PublisherConfig{Dialect: postgres.MustNew(postgres.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.PublishTx(t.Context(), nil, "t", message.NewMessage("a", nil)); !errors.Is(err, ErrNoTx) {
+		t.Fatalf("PublishTx without a transaction: %v, want ErrNoTx", err)
 	}
 }

@@ -23,6 +23,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -57,12 +58,15 @@ type StockReserved struct {
 	OrderID string `json:"order_id"`
 }
 
-// Key is the ordering key (see the event bus's OnPublish): an order's
-// events are forwarded in order.
-func (e *OrderPlaced) Key() string { return e.OrderID }
-
-// Key is the ordering key, as for OrderPlaced.
-func (e *StockReserved) Key() string { return e.OrderID }
+// orderKey is the ordering key of every event of this service: the order
+// id in its JSON payload, so that an order's events are forwarded in order.
+func orderKey(_ string, msg *message.Message) string {
+	var e struct {
+		OrderID string `json:"order_id"`
+	}
+	_ = json.Unmarshal(msg.Payload, &e) // no order id: not ordered
+	return e.OrderID
+}
 
 func main() {
 	pgURL := flag.String("postgres", exampleenv.PostgresURL(), "PostgreSQL `URL`")
@@ -127,19 +131,13 @@ func run(pgURL, brokers string, n int) error {
 	// Publish must carry a transaction (sqladapters.WithTx, or a handler's
 	// context under the inbox middleware).
 	marshaler := cqrs.JSONMarshaler{GenerateName: cqrs.StructName}
-	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: dialect})
+	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: dialect, OrderingKey: orderKey})
 	if err != nil {
 		return err
 	}
 	eventBus, err := cqrs.NewEventBusWithConfig(outbox, cqrs.EventBusConfig{
 		GeneratePublishTopic: func(p cqrs.GenerateEventPublishTopicParams) (string, error) {
 			return topicOf(p.EventName), nil
-		},
-		OnPublish: func(p cqrs.OnEventSendParams) error {
-			if e, ok := p.Event.(interface{ Key() string }); ok {
-				p.Message.Metadata.Set(forwarder.DefaultKeyMetadataField, e.Key())
-			}
-			return nil
 		},
 		Marshaler: marshaler,
 	})

@@ -124,10 +124,15 @@ func run(pgURL, brokers string, n, keys int) error {
 	defer stopForwarder()
 
 	// Publish: each deposit and its event commit in one pgx transaction.
+	// One outbox publisher serves every transaction.
+	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: dialect})
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	for i := range n {
 		account, seq := "account-"+strconv.Itoa(i%keys), i/keys
-		if err := deposit(ctx, pool, dialect, deposits, topic, account, seq); err != nil {
+		if err := deposit(ctx, pool, outbox, deposits, topic, account, seq); err != nil {
 			return err
 		}
 	}
@@ -179,7 +184,7 @@ func run(pgURL, brokers string, n, keys int) error {
 }
 
 // deposit records a deposit and publishes its event in one transaction.
-func deposit(ctx context.Context, pool *pgxpool.Pool, dialect *postgres.Dialect, table, topic, account string, seq int) error {
+func deposit(ctx context.Context, pool *pgxpool.Pool, outbox *forwarder.Publisher, table, topic, account string, seq int) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -188,16 +193,11 @@ func deposit(ctx context.Context, pool *pgxpool.Pool, dialect *postgres.Dialect,
 	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (account, seq, cents) VALUES ($1, $2, $3)`, account, seq, 100); err != nil {
 		return err
 	}
-	// A publisher bound to this transaction: its rows commit or roll back
-	// with the deposit.
-	outbox, err := forwarder.NewPublisher(pgxv5.WrapTx(tx), forwarder.PublisherConfig{Dialect: dialect})
-	if err != nil {
-		return err
-	}
 	msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"account":%q,"cents":100}`, account))
 	msg.Metadata.Set(forwarder.DefaultKeyMetadataField, account) // ordering key, and Kafka key
 	msg.Metadata.Set("seq", strconv.Itoa(seq))
-	if err := outbox.Publish(topic, msg); err != nil {
+	// The event's row commits or rolls back with the deposit.
+	if err := outbox.PublishTx(ctx, pgxv5.WrapTx(tx), topic, msg); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
