@@ -4,11 +4,12 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/millbox/millbox/sqladapters"
 
 	// Registers the "sqlite" database/sql driver.
 	_ "modernc.org/sqlite"
@@ -27,8 +28,10 @@ const (
 	DefaultMaxOpenConns = 8
 )
 
-// ErrInvalidConfig is returned for a bad Config or path.
-var ErrInvalidConfig = errors.New("millbox: sqlite/modernc: invalid config")
+// ErrInvalidConfig is returned for a bad Config or path. It wraps
+// sqladapters.ErrInvalidConfig, which every millbox package's config errors
+// match.
+var ErrInvalidConfig = fmt.Errorf("%w (sqlite/modernc)", sqladapters.ErrInvalidConfig)
 
 // Config tunes the connection settings.
 type Config struct {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/sqlite/modernc"
 )
 
@@ -47,7 +48,7 @@ func TestSQLiteConfigRejected(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			_, err := modernc.Open(c.path, c.cfg)
-			if !errors.Is(err, modernc.ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) {
+			if !errors.Is(err, modernc.ErrInvalidConfig) || !errors.Is(err, sqladapters.ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("want ErrInvalidConfig naming %q, got %v", c.want, err)
 			}
 		})
