@@ -33,16 +33,7 @@ func compareDrains(ctx context.Context, b *bench, n int) ([]any, error) {
 	millDest, riverDest := newCounting(n), newCounting(n)
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &publishWorker{pub: riverDest})
-	// River's own benchmark tunes these for throughput; its defaults
-	// (FetchCooldown 100ms, 100 workers) drain far slower.
-	client, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{
-		Schema:            b.schema,
-		FetchCooldown:     2 * time.Millisecond,
-		FetchPollInterval: 20 * time.Millisecond,
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: 2000}},
-		Workers:           workers,
-		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	client, err := river.NewClient(riverpgxv5.New(b.pool), riverTuned(b.schema, workers, riverBenchWorkers))
 	if err != nil {
 		return nil, err
 	}
@@ -204,6 +195,29 @@ func (w *publishWorker) Work(_ context.Context, job *river.Job[orderEvent]) erro
 	msg := message.NewMessage(watermill.NewUUID(), []byte(job.Args.Payload))
 	msg.Metadata.Set(forwarder.DefaultKeyMetadataField, orderKey(job.Args.OrderID))
 	return w.pub.Publish("orders", msg)
+}
+
+// River's own benchmark (riverbench, in River's command-line module) tunes
+// its client for throughput with these values; River's defaults
+// (FetchCooldown 100ms, FetchPollInterval 1s, 100 workers in the examples)
+// drain far slower.
+const (
+	riverBenchFetchCooldown     = 2 * time.Millisecond
+	riverBenchFetchPollInterval = 20 * time.Millisecond
+	riverBenchWorkers           = 2000
+)
+
+// riverTuned returns a client config tuned as River's benchmark tunes it,
+// with maxWorkers workers on the default queue.
+func riverTuned(schema string, workers *river.Workers, maxWorkers int) *river.Config {
+	return &river.Config{
+		Schema:            schema,
+		FetchCooldown:     riverBenchFetchCooldown,
+		FetchPollInterval: riverBenchFetchPollInterval,
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: maxWorkers}},
+		Workers:           workers,
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
 }
 
 // countingPublisher drops messages and counts them.

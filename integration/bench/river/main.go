@@ -4,8 +4,8 @@
 // It lives in a module of its own so that millbox's module graph never holds
 // River.
 //
-// Two comparisons, each in one run so that the ratios share the machine's
-// state:
+// Three comparisons, chosen with -case, each in one run so that the ratios
+// share the machine's state:
 //
 //   - write: concurrent writers loop BEGIN, insert one order row, [variant],
 //     COMMIT. Variants: bare; millbox with one 256-byte message (default
@@ -16,24 +16,36 @@
 //     drops them, by River workers (tuned as River's own benchmark tunes
 //     them) and by the millbox forwarder (defaults), timed until every row
 //     is settled: River's jobs completed, millbox's rows deleted.
+//   - peers: both as a user runs them, into Kafka (in process, kfake): the
+//     business transaction with River's InsertTx or millbox's PublishTx,
+//     then a prefilled backlog of the same keyed events drained by River
+//     workers that publish each job with watermill-kafka, and by the millbox
+//     forwarder with the same publisher, timed until every message was read
+//     back from Kafka; each topic is then read back in partition order to
+//     count per-key order violations. See peers.go.
 //
 // Run it from this directory:
 //
-//	go run . [-writers 1,8,32] [-duration 3s] [-n 50000]
+//	go run . [-case write,drain] [-writers 1,8,32] [-duration 3s] [-n 50000]
+//	go run . -case peers [-keys 100] [-rounds 2] [-river-workers 2000]
 //
 // It prints its results and ends with one summary line of key=value pairs.
 // Every ratio named river_vs_millbox is River's throughput divided by
-// millbox's: below 1, River is slower.
+// millbox's: below 1, River is slower. The peers case reports the other way
+// round, as millbox's gain over River: write_vs_river and forward_vs_river
+// above 1 mean millbox is faster.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -45,40 +57,79 @@ import (
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
+// options are the command's flags.
+type options struct {
+	url          string
+	cases        []string
+	writers      []int
+	per          time.Duration
+	n            int
+	keys         int
+	rounds       int
+	riverWorkers int
+}
+
 func main() {
-	url := flag.String("postgres", env("MILLBOX_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL")
-	writersFlag := flag.String("writers", "1,8,32", "comma-separated counts of concurrent writers (empty = skip the write comparison)")
-	per := flag.Duration("duration", 3*time.Second, "write: time per variant and writer count, split into interleaved rounds")
-	n := flag.Int("n", 50000, "drain: prefilled events (0 = skip the drain comparison)")
+	var o options
+	flag.StringVar(&o.url, "postgres", env("MILLBOX_POSTGRES_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL")
+	casesFlag := flag.String("case", "write,drain", "comma-separated comparisons to run: write, drain, peers")
+	writersFlag := flag.String("writers", "1,8,32", "write, peers: comma-separated counts of concurrent writers (empty = skip the write comparison)")
+	flag.DurationVar(&o.per, "duration", 3*time.Second, "write, peers: time per variant and writer count, split into interleaved rounds")
+	flag.IntVar(&o.n, "n", 50000, "drain, peers: prefilled events (0 = skip the drain comparison)")
+	flag.IntVar(&o.keys, "keys", 100, "peers: ordering keys the events are spread over")
+	flag.IntVar(&o.rounds, "rounds", 2, "peers: drains of each side, alternating which goes first")
+	flag.IntVar(&o.riverWorkers, "river-workers", riverBenchWorkers, "peers: River's MaxWorkers for the default queue")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *url, *writersFlag, *per, *n); err != nil {
+	err := o.parse(*casesFlag, *writersFlag)
+	if err == nil {
+		err = run(ctx, o)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "river bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, url, writersFlag string, per time.Duration, n int) error {
-	writers, err := parseWriters(writersFlag)
-	if err != nil {
-		return err
+func (o *options) parse(cases, writers string) error {
+	for c := range strings.SplitSeq(cases, ",") {
+		switch c = strings.TrimSpace(c); c {
+		case "":
+		case "write", "drain", "peers":
+			o.cases = append(o.cases, c)
+		default:
+			return fmt.Errorf("-case %q: want write, drain or peers, separated by commas", c)
+		}
 	}
-	b, err := setup(ctx, url)
+	if len(o.cases) == 0 {
+		return errors.New("-case: nothing to run")
+	}
+	if o.keys < 1 || o.rounds < 1 || o.riverWorkers < 1 {
+		return errors.New("-keys, -rounds and -river-workers must be positive")
+	}
+	var err error
+	o.writers, err = parseWriters(writers)
+	return err
+}
+
+func run(ctx context.Context, o options) error {
+	b, err := setup(ctx, o.url)
 	if err != nil {
 		return err
 	}
 	defer b.close()
 	var kv []any
-	if len(writers) > 0 {
-		pairs, err := compareWrites(ctx, b, writers, per)
-		if err != nil {
-			return err
+	for _, c := range o.cases {
+		var pairs []any
+		switch {
+		case c == "write" && len(o.writers) > 0:
+			pairs, err = compareWrites(ctx, b, o.writers, o.per)
+		case c == "drain" && o.n > 0:
+			pairs, err = compareDrains(ctx, b, o.n)
+		case c == "peers":
+			pairs, err = comparePeers(ctx, b, o)
 		}
-		kv = append(kv, pairs...)
-	}
-	if n > 0 {
-		pairs, err := compareDrains(ctx, b, n)
 		if err != nil {
 			return err
 		}
@@ -96,6 +147,7 @@ type bench struct {
 	schema    string
 	millbox   *postgres.Dialect // default options
 	notifying *postgres.Dialect // the same table, with Notify
+	orderIDs  atomic.Int64      // the last order row's id, over every comparison
 }
 
 func setup(ctx context.Context, url string) (*bench, error) {

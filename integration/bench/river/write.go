@@ -74,10 +74,9 @@ func compareWrites(ctx context.Context, b *bench, writers []int, per time.Durati
 		}},
 	}
 	fmt.Printf("concurrent writers, pgxpool sized to the writers, %v per variant in %d interleaved rounds; ratio = bare tx/s / variant tx/s\n", per, writeRounds)
-	var ids atomic.Int64
 	var kv []any
 	for _, w := range writers {
-		rates, err := writeThroughput(ctx, b, w, per, &ids, variants)
+		rates, err := writeThroughput(ctx, b, w, per, variants)
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +99,7 @@ func compareWrites(ctx context.Context, b *bench, writers []int, per time.Durati
 // connections, each looping BEGIN, insert one order row, the variant's
 // step, COMMIT, for per time per variant, and returns each variant's
 // committed transactions per second.
-func writeThroughput(ctx context.Context, b *bench, writers int, per time.Duration, ids *atomic.Int64, variants []writeVariant) (map[string]float64, error) {
+func writeThroughput(ctx context.Context, b *bench, writers int, per time.Duration, variants []writeVariant) (map[string]float64, error) {
 	cfg, err := pgxpool.ParseConfig(b.url)
 	if err != nil {
 		return nil, err
@@ -125,7 +124,7 @@ func writeThroughput(ctx context.Context, b *bench, writers int, per time.Durati
 		for range writers {
 			wg.Go(func() {
 				for !stop.Load() && ctx.Err() == nil {
-					if err := writeOne(ctx, pool, insert, ids.Add(1), v.step); err != nil {
+					if err := writeOne(ctx, pool, insert, b.orderIDs.Add(1), v.step); err != nil {
 						errOnce.Do(func() { firstErr = err })
 						stop.Store(true)
 						return
