@@ -28,6 +28,8 @@ const (
 	DefaultCloseTimeout   = 30 * time.Second
 	DefaultPublishTimeout = 30 * time.Second
 	DefaultWatchInterval  = 5 * time.Millisecond
+
+	DefaultNotifyProbeInterval = 30 * time.Second
 )
 
 // Config configures a Forwarder. Pass it by value; New applies defaults to
@@ -38,7 +40,9 @@ type Config struct {
 	// forwarder finds new rows by watching the outbox's high-water mark
 	// (WatchInterval); when the DB can listen for notifications
 	// (pgxv5.WrapPool) and the dialect notifies (postgres.Options.Notify),
-	// it wakes up on every commit instead.
+	// it wakes up on every commit instead. Behind PgBouncer in transaction
+	// pooling, give the listener a connection of its own:
+	// pgxv5.WrapPool(pool, pgxv5.ListenOn(directURL)).
 	DB sqladapters.DB
 	// Dialect describes the database and the outbox table. Required.
 	Dialect sqladapters.Dialect
@@ -71,11 +75,20 @@ type Config struct {
 	// high-water mark (the position of its id sequence: one cheap
 	// query), reading the outbox only when it moved. This finds new rows
 	// within a few milliseconds of their commit without NOTIFY. Unused
-	// while a notification listener runs (Postgres with Options.Notify
-	// and pgxv5.WrapPool). Defaults to DefaultWatchInterval; a negative
+	// while notifications arrive (Postgres with Options.Notify and
+	// pgxv5.WrapPool). Defaults to DefaultWatchInterval; a negative
 	// value turns watching off (the forwarder then reads every
 	// PollInterval, or when notified).
 	WatchInterval time.Duration
+	// NotifyProbeInterval is how often a forwarder that listens for
+	// notifications checks that they arrive, by notifying its own channel
+	// through DB; it also checks at start. When no notification comes
+	// back within two seconds, or the listener fails, it logs an error,
+	// reports ErrNotificationsLost (Hooks.OnError, Status), watches the
+	// high-water mark as without notifications, and listens again until
+	// a probe arrives. Defaults to DefaultNotifyProbeInterval; a negative
+	// value turns probing off.
+	NotifyProbeInterval time.Duration
 
 	// Partitions splits the outbox by ordering key between forwarder
 	// instances: each partition is leased by one instance at a time.
@@ -139,7 +152,8 @@ type Hooks struct {
 	// OnError is called when the forwarder meets an error it retries: a
 	// read of the outbox, recording a failed attempt, deleting published
 	// rows, renewing leases, table maintenance, the destination becoming
-	// unavailable, a Publish call passing PublishTimeout.
+	// unavailable, a Publish call passing PublishTimeout, notifications
+	// not arriving (ErrNotificationsLost).
 	OnError func(error)
 	// OnRead is called after each read of the outbox with the number of
 	// rows it returned.
@@ -161,6 +175,7 @@ func (c *Config) setDefaults() {
 	c.PublishBatch = cmp.Or(c.PublishBatch, DefaultPublishBatch)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.WatchInterval = cmp.Or(c.WatchInterval, DefaultWatchInterval)
+	c.NotifyProbeInterval = cmp.Or(c.NotifyProbeInterval, DefaultNotifyProbeInterval)
 	c.Partitions = cmp.Or(c.Partitions, DefaultPartitions)
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
 	if c.InstanceID == "" {
@@ -203,6 +218,8 @@ func (c Config) Validate() error {
 		return bad("Config.PollInterval must be at least 1ms, got %v", c.PollInterval)
 	case c.WatchInterval > 0 && c.WatchInterval < time.Millisecond:
 		return bad("Config.WatchInterval must be at least 1ms (or negative to turn watching off), got %v", c.WatchInterval)
+	case c.NotifyProbeInterval > 0 && c.NotifyProbeInterval < 10*time.Millisecond:
+		return bad("Config.NotifyProbeInterval must be at least 10ms (or negative to turn probing off), got %v", c.NotifyProbeInterval)
 	case c.Partitions < 1 || c.Partitions > 4096:
 		return bad("Config.Partitions must be between 1 and 4096, got %d", c.Partitions)
 	case c.LeaseTTL < 300*time.Millisecond:

@@ -92,9 +92,10 @@ func New(cfg Config) (*Forwarder, error) {
 	return f, nil
 }
 
-// Running is closed once the forwarder holds its first leases and listens
-// for notifications, or once Run has returned, whichever comes first: a
-// caller waiting on it never hangs on a forwarder that could not start.
+// Running is closed once the forwarder holds its first leases and, when it
+// listens for notifications, knows whether they arrive (NotifyProbeInterval),
+// or once Run has returned, whichever comes first: a caller waiting on it
+// never hangs on a forwarder that could not start.
 // Ready tells the two apart.
 func (f *Forwarder) Running() <-chan struct{} { return f.running }
 

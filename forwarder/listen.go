@@ -2,32 +2,91 @@ package forwarder
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"time"
-
-	"github.com/ThreeDotsLabs/watermill"
 )
 
-// listenLoop keeps a notification listener running, reconnecting with
-// backoff. Each (re)subscription also wakes the forwarder, covering
-// notifications sent while it was not listening.
+// listenLoop keeps a notification listener running, checks that
+// notifications arrive (probe.go) and listens again with backoff after a
+// failure. While notifications do not arrive, the forwarder watches the
+// outbox's high-water mark as it does without a listener. listening is
+// closed once the forwarder knows which of the two it does.
 func (f *Forwarder) listenLoop(ctx context.Context, listening chan<- struct{}) {
+	var once sync.Once
+	known := func() { once.Do(func() { close(listening) }) }
+	w := &notifyWatch{f: f}
+	defer w.stop()
+	maxDelay := 5 * time.Second
+	if f.cfg.NotifyProbeInterval > 0 {
+		maxDelay = max(maxDelay, f.cfg.NotifyProbeInterval)
+	}
 	delay := 100 * time.Millisecond
-	first := true
 	for ctx.Err() == nil {
-		err := f.listener.Listen(ctx, f.channel, func() {
-			if first {
-				first = false
-				close(listening)
-			}
+		err := f.listenSession(ctx, func() {
 			delay = 100 * time.Millisecond
-			f.signal()
-		}, f.signal)
+			w.arrived()
+			known()
+		})
 		if ctx.Err() != nil {
 			return
 		}
-		f.cfg.Logger.Error("millbox forwarder: notification listener failed; polling meanwhile", err,
-			watermill.LogFields{"retry_in": delay.String()})
+		if err == nil {
+			err = errors.New("millbox: the notification listener stopped")
+		}
+		w.lose(ctx, err, delay)
+		known()
 		sleep(ctx, delay)
-		delay = min(2*delay, 5*time.Second)
+		delay = min(2*delay, maxDelay)
+	}
+}
+
+// listenSession subscribes once and probes at once and every
+// NotifyProbeInterval. It calls arrived for each probe that came back (or
+// once subscribed, when the dialect cannot probe or probing is off), and
+// returns when the listener fails or a probe does not come back.
+func (f *Forwarder) listenSession(ctx context.Context, arrived func()) error {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	got := make(chan struct{}, 1)
+	ready := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		errc <- f.listener.Listen(lctx, f.channel, func() { close(ready) }, func() {
+			select {
+			case got <- struct{}{}:
+			default:
+			}
+			f.signal()
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-errc:
+		return err
+	}
+	f.signal() // covers notifications sent while nobody listened
+	prober, ok := f.cfg.Dialect.(notifyProber)
+	if !ok || f.cfg.NotifyProbeInterval < 0 {
+		arrived()
+		return <-errc
+	}
+	next := time.NewTimer(0)
+	defer next.Stop()
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-next.C:
+		}
+		ended, err := f.probe(lctx, prober, got, errc, arrived)
+		if ended {
+			return err
+		}
+		if err != nil {
+			cancel()
+			return errors.Join(err, <-errc)
+		}
+		next.Reset(f.cfg.NotifyProbeInterval)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,6 +46,13 @@ func mapErr(err error) error {
 	if errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("%w: %w", sqladapters.ErrTxDone, err)
 	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "26000" || pe.Code == "42P05") {
+		// invalid_sql_statement_name, duplicate_prepared_statement: pgx's
+		// cached prepared statements met a connection pooler that moves
+		// a client between server connections.
+		return fmt.Errorf("%w (behind PgBouncer in transaction pooling, add default_query_exec_mode=exec to the connection string)", err)
+	}
 	return err
 }
 
@@ -82,12 +90,24 @@ type beginner interface {
 // DB adapts a *pgxpool.Pool or a *pgx.Conn.
 type DB struct {
 	executor
-	b    beginner
-	pool *pgxpool.Pool
+	b      beginner
+	pool   *pgxpool.Pool
+	listen listenConfig
+	// pooled is set once the listener's connection proved to be shared
+	// per transaction by a pooler: Listen then fails at once.
+	pooled atomic.Bool
 }
 
-// WrapPool adapts a pool. It can also listen for notifications.
-func WrapPool(p *pgxpool.Pool) *DB { return &DB{executor: executor{p}, b: p, pool: p} }
+// WrapPool adapts a pool. It can also listen for notifications: on a
+// connection taken from the pool, or with ListenOn on a connection of its
+// own, which a pool behind PgBouncer in transaction pooling needs.
+func WrapPool(p *pgxpool.Pool, opts ...Option) *DB {
+	d := &DB{executor: executor{p}, b: p, pool: p}
+	for _, o := range opts {
+		o(d)
+	}
+	return d
+}
 
 // WrapConn adapts a single connection. A connection runs one statement at
 // a time, so prefer WrapPool for the forwarder.
@@ -108,35 +128,6 @@ func (d *DB) Begin(ctx context.Context, opts sql.TxOptions) (sqladapters.Tx, err
 
 // Unwrap returns the *pgxpool.Pool or *pgx.Conn.
 func (d *DB) Unwrap() any { return d.b }
-
-// Listen implements sqladapters.Listener on a connection taken from the
-// pool for as long as it listens. A DB made by WrapConn cannot listen.
-func (d *DB) Listen(ctx context.Context, channel string, ready, notify func()) error {
-	if d.pool == nil {
-		return errors.New("millbox: pgxv5: a DB made by WrapConn cannot listen; use WrapPool")
-	}
-	conn, err := d.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// The connection leaves the pool for good: a connection that was
-	// listening must not serve other queries afterwards.
-	c := conn.Hijack()
-	defer c.Close(context.Background())
-	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return err
-	}
-	ready()
-	for {
-		if _, err := c.WaitForNotification(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		notify()
-	}
-}
 
 func txOptions(o sql.TxOptions) (pgx.TxOptions, error) {
 	var out pgx.TxOptions
