@@ -4,9 +4,9 @@
 // records after a retention window.
 //
 // Most applications use it through the Watermill middleware in
-// millbox/middleware, which begins the transaction, calls Record, runs the
-// handler and commits. Use Inbox directly when messages arrive some other
-// way:
+// millbox/middleware, which begins the transaction and records the message
+// (BeginRecord: one round trip with pgx), runs the handler and commits. Use
+// Inbox directly when messages arrive some other way:
 //
 //	first, err := ib.Record(ctx, tx, "billing", msg.UUID)
 //	if err != nil || !first {
@@ -54,6 +54,9 @@
 // recreated) make new messages look like duplicates; prefer message UUIDs.
 //
 // Cleaner deletes expired rows in batches of CleanerConfig.BatchSize, each
-// batch its own short statement, so it never holds many locks or a long
-// transaction. Several cleaners may run against one table.
+// batch its own short statement, oldest first, so it never holds many locks
+// or a long transaction. On Postgres each batch starts where the previous
+// one ended (RangeDeleter), so a batch costs the same late in a cleaning of
+// millions of rows as at its start. Several cleaners may run against one
+// table.
 package inbox

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -86,14 +87,82 @@ func (i *Inbox) Record(ctx context.Context, tx sqladapters.Tx, consumer, message
 		}
 		return false, fmt.Errorf("millbox: inbox: record message %q for consumer %q: %w", messageID, consumer, err)
 	}
+	first, err = rowsToFirst(n)
+	if err != nil {
+		return false, fmt.Errorf("millbox: inbox: record message %q for consumer %q: %w", messageID, consumer, err)
+	}
+	return first, nil
+}
+
+// BeginExecer is implemented by a sqladapters.DB that can begin a
+// transaction and run a first statement in it in one round trip, such as
+// pgxv5.DB. BeginExec returns the open transaction and the rows the
+// statement affected; when either statement fails it leaves no transaction
+// open.
+type BeginExecer interface {
+	BeginExec(ctx context.Context, opts sql.TxOptions, query string, args ...any) (tx sqladapters.Tx, rowsAffected int64, err error)
+}
+
+// BeginRecord begins a transaction on db with opts and records in it that
+// consumer has processed messageID, as Begin followed by Record would. On a
+// db that implements BeginExecer the BEGIN and the record go to the
+// database in one round trip, which is what the inbox middleware costs
+// beyond a transaction of the handler's own.
+//
+// It returns the open transaction and true the first time: do the work in
+// tx and commit it. For a duplicate it rolls the transaction back and
+// returns a nil tx and false. On error no transaction is left open.
+func (i *Inbox) BeginRecord(ctx context.Context, db sqladapters.DB, opts sql.TxOptions, consumer, messageID string) (tx sqladapters.Tx, first bool, err error) {
+	if err := ValidateKey("consumer", consumer); err != nil {
+		return nil, false, err
+	}
+	if err := ValidateKey("message id", messageID); err != nil {
+		return nil, false, err
+	}
+	be, ok := db.(BeginExecer)
+	if !ok {
+		tx, err := db.Begin(ctx, opts)
+		if err != nil {
+			return nil, false, fmt.Errorf("millbox: inbox: begin transaction for message %q: %w", messageID, err)
+		}
+		first, err := i.Record(ctx, tx, consumer, messageID)
+		if err != nil || !first {
+			sqladapters.Rollback(tx)
+			return nil, false, err
+		}
+		return tx, true, nil
+	}
+	q := i.d.InsertInbox(consumer, messageID)
+	tx, n, err := be.BeginExec(ctx, opts, q.SQL, q.Args...)
+	if err != nil {
+		// As in Record: a dialect may report the duplicate as a unique
+		// violation. BeginExec has rolled back already.
+		err = i.d.ClassifyError(err)
+		if errors.Is(err, sqladapters.ErrDuplicate) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("millbox: inbox: begin transaction and record message %q for consumer %q: %w", messageID, consumer, err)
+	}
+	if first, err = rowsToFirst(n); err != nil || !first {
+		sqladapters.Rollback(tx)
+		if err != nil {
+			err = fmt.Errorf("millbox: inbox: record message %q for consumer %q: %w", messageID, consumer, err)
+		}
+		return nil, false, err
+	}
+	return tx, true, nil
+}
+
+// rowsToFirst reads the affected-rows count of the inbox insert: 1 for a
+// new key, 0 for a duplicate.
+func rowsToFirst(n int64) (bool, error) {
 	switch n {
 	case 1:
 		return true, nil
 	case 0:
 		return false, nil
-	default:
-		return false, fmt.Errorf("millbox: inbox: record message %q for consumer %q: insert affected %d rows, want 0 or 1", messageID, consumer, n)
 	}
+	return false, fmt.Errorf("insert affected %d rows, want 0 or 1", n)
 }
 
 // ValidateKey checks a consumer name or message id the way Record does;

@@ -183,28 +183,15 @@ func (m *inboxMiddleware) wrap(h message.HandlerFunc) message.HandlerFunc {
 			class = ErrorClassNoMessageID
 			return nil, err
 		}
-		tx, err := m.cfg.DB.Begin(ctx, m.cfg.TxOptions)
-		if err != nil {
-			class = ErrorClassDatabase
-			return nil, fmt.Errorf("millbox: inbox: begin transaction for message %q: %w", id, err)
-		}
-		finished := false
-		// Runs on every path, panics included: a transaction is never
-		// left open, even when ctx was cancelled.
-		defer func() {
-			if !finished {
-				sqladapters.Rollback(tx)
-			}
-		}()
-
-		first, err := m.ib.Record(ctx, tx, consumer, id)
+		// The duplicate check runs before the handler, in the handler's
+		// transaction; with pgx it goes out with the BEGIN.
+		tx, first, err := m.ib.BeginRecord(ctx, m.cfg.DB, m.cfg.TxOptions, consumer, id)
 		if err != nil {
 			class = ErrorClassDatabase
 			return nil, err
 		}
 		if !first {
-			sqladapters.Rollback(tx)
-			finished = true
+			// BeginRecord has rolled the transaction back.
 			proc.duplicate = true
 			m.cfg.Logger.Debug("Duplicate message skipped by the inbox", watermill.LogFields{
 				"consumer":     consumer,
@@ -216,6 +203,14 @@ func (m *inboxMiddleware) wrap(h message.HandlerFunc) message.HandlerFunc {
 			}
 			return nil, nil
 		}
+		finished := false
+		// Runs on every path, panics included: a transaction is never
+		// left open, even when ctx was cancelled.
+		defer func() {
+			if !finished {
+				sqladapters.Rollback(tx)
+			}
+		}()
 
 		msg.SetContext(sqladapters.WithTx(ctx, tx))
 		// Later middleware and the router see the message as it came: a

@@ -881,7 +881,8 @@ func inboxProduce(t *testing.T, env Env) {
 	}
 }
 
-// countingDB counts the statements run through Exec.
+// countingDB counts the statements run through Exec or Query (a dialect
+// implementing inbox.RangeDeleter deletes through Query).
 type countingDB struct {
 	sqladapters.DB
 	execs atomic.Int64
@@ -890,6 +891,11 @@ type countingDB struct {
 func (c *countingDB) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	c.execs.Add(1)
 	return c.DB.Exec(ctx, q, args...)
+}
+
+func (c *countingDB) Query(ctx context.Context, q string, args ...any) (sqladapters.Rows, error) {
+	c.execs.Add(1)
+	return c.DB.Query(ctx, q, args...)
 }
 
 func inboxCleanerSuite(t *testing.T, env Env) {
