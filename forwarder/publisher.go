@@ -43,7 +43,7 @@ var (
 	// ErrInvalidConfig is returned by constructors for a bad config.
 	ErrInvalidConfig = sqladapters.ErrInvalidConfig
 	// ErrClosed is returned by a closed publisher or forwarder.
-	ErrClosed = errors.New("millbox: closed")
+	ErrClosed = sqladapters.ErrClosed
 )
 
 // PublisherConfig configures a Publisher.

@@ -32,7 +32,7 @@ const (
 
 var (
 	// ErrClosed is returned by Run after Close.
-	ErrClosed = errors.New("millbox: closed")
+	ErrClosed = sqladapters.ErrClosed
 	// ErrRunning is returned by Run while another Run of the same Cleaner
 	// is going on.
 	ErrRunning = errors.New("millbox: already running")

@@ -34,6 +34,10 @@ var (
 	// config; the error names the field and the rule. The packages
 	// forwarder, inbox and middleware re-export it.
 	ErrInvalidConfig = errors.New("millbox: invalid config")
+
+	// ErrClosed is returned by a closed publisher, forwarder or cleaner.
+	// The packages forwarder, forwarder/cdc and inbox re-export it.
+	ErrClosed = errors.New("millbox: closed")
 )
 
 // MissingTableError reports a millbox table that does not exist and says

@@ -25,7 +25,7 @@ var (
 	// not exist and Config.CreateIfMissing is false.
 	ErrNotSetUp = errors.New("millbox cdc: publication or replication slot missing")
 	// ErrClosed is returned by Run and Ready after Close.
-	ErrClosed = errors.New("millbox cdc: forwarder closed")
+	ErrClosed = sqladapters.ErrClosed
 )
 
 // names are the unquoted names of the outbox table.
