@@ -1,14 +1,20 @@
 package forwarder
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/sqladapters"
 )
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {
@@ -84,6 +90,39 @@ func TestDestinationUnavailableTellsOutagesFromMessageErrors(t *testing.T) {
 	for _, err := range messageErrors {
 		if destinationUnavailable(err) {
 			t.Errorf("%v: seen as an outage, but it is about the message", err)
+		}
+	}
+}
+
+// prepare decodes metadata as encoding/json does, through its own decoder
+// for the common form and encoding/json for the rest.
+func TestPrepareDecodesMetadataAsEncodingJSON(t *testing.T) {
+	f := &Forwarder{}
+	const fast = 7 // the first ones take the own decoder
+	for i, md := range []string{
+		`{}`, ` { } `, `{"a":"b"}`, `{"seq": "0", "partition_key": "key-0"}`,
+		"{\n\t\"a\" : \"\" ,\r\n\"b\":\"c\"}", `{"a":"x","a":"y"}`, `{"ü":"ß€𝄞"}`,
+		`{"a":"\u0041\n"}`, `{"a":"x","b":"\"q\"","a":"z"}`, "{\"a\":\"\xff\"}",
+		`{"a":1}`, `{"a":"x"} junk`, `{"a":"x",}`, `{"a" "x"}`, `{"a":"x"`, `{"a":`, `{`,
+		`null`, `[]`, `"a"`, "{\"a\":\"x\ty\"}", `{"a":null}`, `{"a":{"b":"c"}}`,
+	} {
+		var want map[string]string
+		wantErr := json.Unmarshal([]byte(md), &want)
+		if i < fast && !decodeMetadata([]byte(md), message.Metadata{}) {
+			t.Fatalf("%q: left to encoding/json", md)
+		}
+		o := f.prepare(sqladapters.OutboxRow{UUID: "u", Topic: "t", Metadata: []byte(md)})
+		if (o.err != nil) != (wantErr != nil) {
+			t.Fatalf("%q: error %v, encoding/json says %v", md, o.err, wantErr)
+		}
+		if wantErr != nil {
+			if !isPermanent(o.err) {
+				t.Fatalf("%q: error %v is not permanent", md, o.err)
+			}
+			continue
+		}
+		if got := map[string]string(o.msg.Metadata); !maps.Equal(got, want) {
+			t.Fatalf("%q: metadata %v, encoding/json gives %v", md, got, want)
 		}
 	}
 }

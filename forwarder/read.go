@@ -20,11 +20,10 @@ type readResult struct {
 	err    error
 }
 
-// read returns up to limit due rows of the owned partitions (nil: all).
-// Dialects that exclude rows in SQL (MySQL, SQLite) leave out the ids in
-// exclude; on Postgres an exclusion list is scanned linearly per row under
-// a prepared statement's generic plan, ten times slower than reading that
-// many more rows, so the caller raises limit instead and drops them.
+// read returns up to limit due rows of the owned partitions (nil: all),
+// leaving out the ids in exclude where the dialect can
+// (Features.ExcludeInSQL); elsewhere the caller raises limit instead and
+// drops them.
 //
 // backlog applies a dialect's PendingReadSetup: only a read following a
 // full one pays for the extra round trips of its transaction.
@@ -51,14 +50,19 @@ func (f *Forwarder) read(ctx context.Context, owned []int, exclude []int64, limi
 	}
 	defer rows.Close()
 	out := make([]sqladapters.OutboxRow, 0, min(limit, 4096))
+	// One set of scan targets for all rows: a fresh one per row would
+	// put every row on the heap twice.
+	var (
+		r      sqladapters.OutboxRow
+		key    sql.NullString
+		micros sql.NullInt64
+	)
+	dest := []any{&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts, &micros}
+	if !withAge {
+		dest = dest[:7]
+	}
 	for rows.Next() {
-		var r sqladapters.OutboxRow
-		var key sql.NullString
-		dest := []any{&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts}
-		var micros sql.NullInt64
-		if withAge {
-			dest = append(dest, &micros)
-		}
+		r, key, micros = sqladapters.OutboxRow{}, sql.NullString{}, sql.NullInt64{}
 		if err := rows.Scan(dest...); err != nil {
 			return readResult{err: fmt.Errorf("millbox: read outbox row: %w", err)}
 		}

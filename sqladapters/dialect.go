@@ -46,11 +46,11 @@ type Features struct {
 	// transactions (SQLite).
 	ConcurrentWriters bool
 	// ExcludeInSQL is true when SelectPending applies
-	// PendingQuery.Exclude. Postgres leaves it out: under a prepared
-	// statement's generic plan a list parameter is scanned linearly for
-	// every row, which made reads ten times slower than reading the
-	// excluded rows and dropping them in Go. MySQL and SQLite get the list
-	// inline and skip those rows cheaply.
+	// PendingQuery.Exclude. All three databases do: Postgres hashes the
+	// list once per read (NOT IN over a subquery), MySQL and SQLite get
+	// it inline. Where it is false the forwarder reads that many more
+	// rows and drops those in flight, which costs the database and the
+	// forwarder the transfer of rows it already holds.
 	ExcludeInSQL bool
 }
 

@@ -143,6 +143,7 @@ func (d *Dialect) Features() sqladapters.Features {
 		Notify:            d.opts.Notify,
 		SkipLocked:        true,
 		ConcurrentWriters: true,
+		ExcludeInSQL:      true,
 	}
 }
 
