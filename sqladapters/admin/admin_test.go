@@ -16,9 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/admin"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest/mysqltest"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest/pgtest"
 	"github.com/millbox/millbox/sqladapters/mysql"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
@@ -59,17 +60,17 @@ var (
 		return db, d
 	}}
 	// backends are every database the page runs on; Postgres and MySQL
-	// come from the test environment (integration/testenv).
+	// come from MILLBOX_POSTGRES_URL and MILLBOX_MYSQL_DSN.
 	backends = []backend{
 		sqliteBackend,
 		{"postgres", func(t *testing.T) (sqladapters.DB, sqladapters.Dialect) {
-			pool := testenv.Postgres(t)
+			pool := pgtest.Pool(t)
 			db := pgxv5.WrapPool(pool)
-			return db, testenv.PostgresDialect(t, db, pool, postgres.Options{})
+			return db, pgtest.Dialect(t, db, pool, postgres.Options{})
 		}},
 		{"mysql", func(t *testing.T) (sqladapters.DB, sqladapters.Dialect) {
-			raw := testenv.MySQL(t)
-			return stdsql.WrapDB(raw), testenv.MySQLDialect(t, raw, mysql.Options{})
+			raw := mysqltest.DB(t)
+			return stdsql.WrapDB(raw), mysqltest.Dialect(t, raw, mysql.Options{})
 		}},
 	}
 )

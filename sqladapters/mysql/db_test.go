@@ -13,8 +13,9 @@ import (
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 
-	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest/mysqltest"
 	"github.com/millbox/millbox/sqladapters/mysql"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
@@ -23,8 +24,8 @@ import (
 // prepared statements (the default) and client-side interpolation.
 func dsnVariants(t *testing.T) map[string]string {
 	return map[string]string{
-		"prepared":    testenv.MySQLDSN(),
-		"interpolate": testenv.MySQLDSNWith(t, func(c *mysqldrv.Config) { c.InterpolateParams = true }),
+		"prepared":    mysqltest.DSN(),
+		"interpolate": mysqltest.DSNWith(t, func(c *mysqldrv.Config) { c.InterpolateParams = true }),
 	}
 }
 
@@ -36,10 +37,10 @@ func TestMySQLDialectOnServer(t *testing.T) {
 		for _, skip := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/SkipLocked=%v", proto, skip), func(t *testing.T) {
 				t.Parallel()
-				raw := testenv.OpenMySQL(t, dsn)
+				raw := mysqltest.Open(t, dsn)
 				db := stdsql.WrapDB(raw)
-				ctx := testenv.Ctx(t, time.Minute)
-				d := testenv.MySQLDialect(t, raw, mysql.Options{SkipLocked: skip})
+				ctx := dialecttest.Ctx(t, time.Minute)
+				d := mysqltest.Dialect(t, raw, mysql.Options{SkipLocked: skip})
 
 				exec := func(q sqladapters.Query) int64 {
 					t.Helper()
@@ -192,10 +193,10 @@ func TestMySQLDialectOnServer(t *testing.T) {
 // TestMySQLInboxKeysAreExact checks that keys differing only in case,
 // trailing spaces or beyond the column width stay distinct.
 func TestMySQLInboxKeysAreExact(t *testing.T) {
-	raw := testenv.MySQL(t)
+	raw := mysqltest.DB(t)
 	db := stdsql.WrapDB(raw)
-	ctx := testenv.Ctx(t, time.Minute)
-	d := testenv.MySQLDialect(t, raw, mysql.Options{})
+	ctx := dialecttest.Ctx(t, time.Minute)
+	d := mysqltest.Dialect(t, raw, mysql.Options{})
 	long := strings.Repeat("m", 1024)
 	keys := [][2]string{
 		{"c", "abc"}, {"c", "ABC"}, {"c", "abc "}, {"c", "ábc"}, {"C", "abc"},
@@ -217,13 +218,13 @@ func TestMySQLInboxKeysAreExact(t *testing.T) {
 // the same key: the second waits for the first and then sees a duplicate
 // if it committed, or inserts if it rolled back.
 func TestMySQLInboxConcurrentDuplicate(t *testing.T) {
-	raw := testenv.MySQL(t)
-	d := testenv.MySQLDialect(t, raw, mysql.Options{})
+	raw := mysqltest.DB(t)
+	d := mysqltest.Dialect(t, raw, mysql.Options{})
 	for _, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelReadCommitted} {
 		for _, commit := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%v/commit=%v", iso, commit), func(t *testing.T) {
-				ctx := testenv.Ctx(t, 30*time.Second)
-				id := testenv.UniqueName("m")
+				ctx := dialecttest.Ctx(t, 30*time.Second)
+				id := dialecttest.UniqueName("m")
 				begin := func() *sql.Tx {
 					tx, err := raw.BeginTx(ctx, &sql.TxOptions{Isolation: iso})
 					if err != nil {
@@ -300,12 +301,12 @@ func lockFree(t *testing.T, ctx context.Context, raw *sql.DB, d *mysql.Dialect) 
 }
 
 func TestMySQLMigrationLock(t *testing.T) {
-	raw := testenv.MySQL(t)
+	raw := mysqltest.DB(t)
 	db := stdsql.WrapDB(raw)
-	ctx := testenv.Ctx(t, time.Minute)
+	ctx := dialecttest.Ctx(t, time.Minute)
 
 	t.Run("TimeoutNamesTheLock", func(t *testing.T) {
-		opts := testenv.MySQLNames(t, raw, mysql.Options{MigrationLockTimeout: time.Second})
+		opts := mysqltest.Names(t, raw, mysql.Options{MigrationLockTimeout: time.Second})
 		d := mysql.MustNew(opts)
 		holder, err := raw.Conn(ctx)
 		if err != nil {
@@ -333,7 +334,7 @@ func TestMySQLMigrationLock(t *testing.T) {
 	})
 
 	t.Run("StaleLockOnSameConnection", func(t *testing.T) {
-		d := mysql.MustNew(testenv.MySQLNames(t, raw, mysql.Options{}))
+		d := mysql.MustNew(mysqltest.Names(t, raw, mysql.Options{}))
 		conn, err := raw.Conn(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -354,7 +355,7 @@ func TestMySQLMigrationLock(t *testing.T) {
 	})
 
 	t.Run("FailedMigrationReleasesLock", func(t *testing.T) {
-		opts := testenv.MySQLNames(t, raw, mysql.Options{})
+		opts := mysqltest.Names(t, raw, mysql.Options{})
 		d := mysql.MustNew(opts)
 		// A version table of another shape makes recording fail after
 		// the lock was taken and the tables were created.
@@ -366,7 +367,7 @@ func TestMySQLMigrationLock(t *testing.T) {
 		if err := sqladapters.Migrate(ctx, db, d); err == nil {
 			t.Fatal("migration with a broken version table succeeded")
 		}
-		other := testenv.MySQL(t)
+		other := mysqltest.DB(t)
 		if !lockFree(t, ctx, other, d) {
 			t.Fatal("a failed migration left its lock on a pooled connection")
 		}
@@ -374,18 +375,18 @@ func TestMySQLMigrationLock(t *testing.T) {
 }
 
 func TestMySQLClassifyErrorFromServer(t *testing.T) {
-	raw := testenv.MySQL(t)
+	raw := mysqltest.DB(t)
 	db := stdsql.WrapDB(raw)
-	ctx := testenv.Ctx(t, time.Minute)
-	missing := mysql.MustNew(mysql.Options{OutboxTable: testenv.UniqueName("missing_")})
-	missingDB := mysql.MustNew(mysql.Options{Database: testenv.UniqueName("nodb_")})
+	ctx := dialecttest.Ctx(t, time.Minute)
+	missing := mysql.MustNew(mysql.Options{OutboxTable: dialecttest.UniqueName("missing_")})
+	missingDB := mysql.MustNew(mysql.Options{Database: dialecttest.UniqueName("nodb_")})
 	for _, d := range []*mysql.Dialect{missing, missingDB} {
 		_, err := d.InsertOutbox([]sqladapters.OutboxMessage{{Topic: "t", UUID: "u"}})[0].Exec(ctx, db)
 		if err = d.ClassifyError(err); !errors.Is(err, sqladapters.ErrMissingTable) || !strings.Contains(err.Error(), "sqladapters.Migrate") {
 			t.Fatalf("want ErrMissingTable, got %v", err)
 		}
 	}
-	d := testenv.MySQLDialect(t, raw, mysql.Options{})
+	d := mysqltest.Dialect(t, raw, mysql.Options{})
 	_, err := db.Exec(ctx, "INSERT INTO "+d.Tables()[4]+" (version, name, applied_at) VALUES (1, 'again', UTC_TIMESTAMP(6))")
 	if err = d.ClassifyError(err); !errors.Is(err, sqladapters.ErrDuplicate) {
 		t.Fatalf("want ErrDuplicate, got %v", err)
@@ -393,8 +394,8 @@ func TestMySQLClassifyErrorFromServer(t *testing.T) {
 }
 
 func TestMySQLDetectSkipLocked(t *testing.T) {
-	raw := testenv.MySQL(t)
-	ctx := testenv.Ctx(t, time.Minute)
+	raw := mysqltest.DB(t)
+	ctx := dialecttest.Ctx(t, time.Minute)
 	var version string
 	if err := raw.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
 		t.Fatal(err)
@@ -406,7 +407,7 @@ func TestMySQLDetectSkipLocked(t *testing.T) {
 	t.Logf("server %s: SKIP LOCKED %v", version, has)
 	// Whatever the answer, the server must accept the SKIP LOCKED claim
 	// exactly when DetectSkipLocked says so.
-	d := testenv.MySQLDialect(t, raw, mysql.Options{SkipLocked: true})
+	d := mysqltest.Dialect(t, raw, mysql.Options{SkipLocked: true})
 	_, err = d.ClaimPartitions("a", time.Second, 1).Exec(ctx, stdsql.WrapDB(raw))
 	if has != (err == nil) {
 		t.Fatalf("DetectSkipLocked %v, SKIP LOCKED claim: %v", has, err)
@@ -416,13 +417,13 @@ func TestMySQLDetectSkipLocked(t *testing.T) {
 // TestMySQLSkipLockedClaimDoesNotWait holds a lease row locked and claims
 // next to it: the SKIP LOCKED claim takes the other rows at once.
 func TestMySQLSkipLockedClaimDoesNotWait(t *testing.T) {
-	raw := testenv.MySQL(t)
+	raw := mysqltest.DB(t)
 	db := stdsql.WrapDB(raw)
-	ctx := testenv.Ctx(t, time.Minute)
+	ctx := dialecttest.Ctx(t, time.Minute)
 	if ok, err := mysql.DetectSkipLocked(ctx, db); err != nil || !ok {
 		t.Skipf("server without SKIP LOCKED (%v)", err)
 	}
-	d := testenv.MySQLDialect(t, raw, mysql.Options{SkipLocked: true})
+	d := mysqltest.Dialect(t, raw, mysql.Options{SkipLocked: true})
 	for _, q := range d.EnsurePartitions(4) {
 		if _, err := q.Exec(ctx, db); err != nil {
 			t.Fatal(err)
@@ -449,10 +450,10 @@ func TestMySQLSkipLockedClaimDoesNotWait(t *testing.T) {
 func TestMySQLLargeInsert(t *testing.T) {
 	for proto, dsn := range dsnVariants(t) {
 		t.Run(proto, func(t *testing.T) {
-			raw := testenv.OpenMySQL(t, dsn)
+			raw := mysqltest.Open(t, dsn)
 			db := stdsql.WrapDB(raw)
-			ctx := testenv.Ctx(t, time.Minute)
-			d := testenv.MySQLDialect(t, raw, mysql.Options{MaxInsertBytes: 1 << 20})
+			ctx := dialecttest.Ctx(t, time.Minute)
+			d := mysqltest.Dialect(t, raw, mysql.Options{MaxInsertBytes: 1 << 20})
 			payload := make([]byte, 100<<10)
 			for i := range payload {
 				payload[i] = byte(i * 7)
@@ -507,7 +508,7 @@ func TestMySQLLargeInsert(t *testing.T) {
 // match: both must agree on every expiry.
 func TestMySQLTimesIgnoreSessionTimeZone(t *testing.T) {
 	open := func(offset int) sqladapters.DB {
-		cfg, err := mysqldrv.ParseDSN(testenv.MySQLDSN())
+		cfg, err := mysqldrv.ParseDSN(mysqltest.DSN())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -522,8 +523,8 @@ func TestMySQLTimesIgnoreSessionTimeZone(t *testing.T) {
 		return stdsql.WrapDB(db)
 	}
 	east, west := open(9), open(-5)
-	ctx := testenv.Ctx(t, time.Minute)
-	d := testenv.MySQLDialect(t, testenv.MySQL(t), mysql.Options{})
+	ctx := dialecttest.Ctx(t, time.Minute)
+	d := mysqltest.Dialect(t, mysqltest.DB(t), mysql.Options{})
 	run := func(db sqladapters.DB, q sqladapters.Query) int64 {
 		t.Helper()
 		n, err := q.Exec(ctx, db)

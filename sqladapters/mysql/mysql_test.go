@@ -1,8 +1,6 @@
 package mysql
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -17,28 +15,15 @@ import (
 )
 
 func TestMySQLNewDefaults(t *testing.T) {
-	d, err := New(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.OutboxTable() != "`millbox_outbox`" || d.InboxTable() != "`millbox_inbox`" {
-		t.Fatalf("tables %s %s", d.OutboxTable(), d.InboxTable())
-	}
-	if d.Name() != "mysql" || d.NotifyChannel() != "" {
-		t.Fatalf("name %q channel %q", d.Name(), d.NotifyChannel())
-	}
-	want := sqladapters.Features{ConcurrentWriters: true, ExcludeInSQL: true}
-	if d.Features() != want {
-		t.Fatalf("features %+v", d.Features())
-	}
+	d := MustNew(Options{})
 	if !MustNew(Options{SkipLocked: true}).Features().SkipLocked {
 		t.Fatal("Options.SkipLocked not reported")
 	}
 	if d.opts.MigrationLockTimeout != DefaultMigrationLockTimeout || d.opts.MaxInsertBytes != DefaultMaxInsertBytes {
 		t.Fatalf("defaults not applied: %+v", d.opts)
 	}
-	want2 := []string{"`millbox_outbox`", "`millbox_outbox_leases`", "`millbox_outbox_members`", "`millbox_inbox`", "`millbox_outbox_migrations`"}
-	if got := d.Tables(); strings.Join(got, " ") != strings.Join(want2, " ") {
+	want := []string{"`millbox_outbox`", "`millbox_outbox_leases`", "`millbox_outbox_members`", "`millbox_inbox`", "`millbox_outbox_migrations`"}
+	if got := d.Tables(); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("tables %v", got)
 	}
 }
@@ -53,13 +38,6 @@ func TestMySQLDatabaseQualifiesEveryName(t *testing.T) {
 	if d.Database() != "app" {
 		t.Fatalf("Database() = %q", d.Database())
 	}
-	for name, q := range dialecttest.Statements(d) {
-		for _, tbl := range regexp.MustCompile("(?i)(?:FROM|INTO|UPDATE|TABLE(?: IF NOT EXISTS)?) +(`[^`]+`(?:\\.`[^`]+`)?)").FindAllStringSubmatch(q.SQL, -1) {
-			if !strings.HasPrefix(tbl[1], "`app`.") {
-				t.Fatalf("%s: unqualified table %s in\n%s", name, tbl[1], q.SQL)
-			}
-		}
-	}
 	qs := d.CreateMigrationsTable()
 	if len(qs) != 2 || qs[0].SQL != "CREATE DATABASE IF NOT EXISTS `app` CHARACTER SET utf8mb4" {
 		t.Fatalf("migrations table statements %+v", qs)
@@ -70,39 +48,6 @@ func TestMySQLDatabaseQualifiesEveryName(t *testing.T) {
 }
 
 func TestMySQLNewRejectsBadOptions(t *testing.T) {
-	long := strings.Repeat("a", MaxTableNameLength+1)
-	cases := map[string]Options{
-		"quote":            {OutboxTable: `x"; DROP TABLE y; --`},
-		"backtick":         {InboxTable: "in`box"},
-		"backtick escape":  {OutboxTable: "a` (x int); DROP TABLE t; -- "},
-		"space":            {OutboxTable: "my table"},
-		"dot":              {OutboxTable: "db.outbox"},
-		"leading digit":    {InboxTable: "1inbox"},
-		"non-ASCII":        {OutboxTable: "outbóx"},
-		"NUL":              {OutboxTable: "out\x00box"},
-		"newline":          {InboxTable: "in\nbox"},
-		"too long":         {OutboxTable: long},
-		"inbox too long":   {InboxTable: long},
-		"bad database":     {Database: "app`; DROP DATABASE x; --"},
-		"database dot":     {Database: "a.b"},
-		"database long":    {Database: strings.Repeat("d", MaxDatabaseNameLength+1)},
-		"same name":        {OutboxTable: "events", InboxTable: "events"},
-		"same name folded": {OutboxTable: "Events", InboxTable: "events"},
-		"derived clash":    {OutboxTable: "events", InboxTable: "events_leases"},
-		"derived folded":   {OutboxTable: "events", InboxTable: "EVENTS_MIGRATIONS"},
-		"members clash":    {OutboxTable: "events", InboxTable: "events_members"},
-	}
-	for name, opts := range cases {
-		t.Run(name, func(t *testing.T) {
-			_, err := New(opts)
-			if !errors.Is(err, sqladapters.ErrInvalidName) {
-				t.Fatalf("want ErrInvalidName, got %v", err)
-			}
-			if !strings.Contains(err.Error(), "mysql.Options.") {
-				t.Fatalf("error does not name the field: %v", err)
-			}
-		})
-	}
 	for name, opts := range map[string]Options{
 		"negative lock timeout": {MigrationLockTimeout: -time.Second},
 		"negative insert bytes": {MaxInsertBytes: -1},
@@ -113,17 +58,8 @@ func TestMySQLNewRejectsBadOptions(t *testing.T) {
 			t.Fatalf("%s: want an error naming the field, got %v", name, err)
 		}
 	}
-	// The longest names are accepted, and every derived name fits MySQL's
-	// 64 bytes.
-	d, err := New(Options{
-		Database:    strings.Repeat("d", MaxDatabaseNameLength),
-		OutboxTable: strings.Repeat("o", MaxTableNameLength),
-		InboxTable:  strings.Repeat("i", MaxTableNameLength),
-	})
-	if err != nil {
-		t.Fatalf("longest allowed names rejected: %v", err)
-	}
-	for _, q := range d.Tables() {
+	// Every name derived from the longest ones fits MySQL's 64 bytes.
+	for _, q := range MustNew(longest).Tables() {
 		for _, part := range strings.Split(q, ".") {
 			if n := len(strings.Trim(part, "`")); n > 64 {
 				t.Fatalf("%s has a part of %d bytes", q, n)
@@ -132,35 +68,74 @@ func TestMySQLNewRejectsBadOptions(t *testing.T) {
 	}
 }
 
-func TestMySQLMustNewPanics(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Fatal("no panic")
-		}
-	}()
-	MustNew(Options{OutboxTable: "bad name"})
+// longest has the longest names New accepts.
+var longest = Options{
+	Database:    strings.Repeat("d", MaxDatabaseNameLength),
+	OutboxTable: strings.Repeat("o", MaxTableNameLength),
+	InboxTable:  strings.Repeat("i", MaxTableNameLength),
 }
 
-var stringLiteral = regexp.MustCompile(`'[^']*'`)
+// TestMySQLDialect runs the checks every dialect shares.
+func TestMySQLDialect(t *testing.T) {
+	long := strings.Repeat("a", MaxTableNameLength+1)
+	dialecttest.Exercise(t, dialecttest.Spec[Options]{
+		Name:     "mysql",
+		New:      func(o Options) (sqladapters.Dialect, error) { return New(o) },
+		MustNew:  func(o Options) sqladapters.Dialect { return MustNew(o) },
+		Outbox:   "`millbox_outbox`",
+		Inbox:    "`millbox_inbox`",
+		Features: sqladapters.Features{ConcurrentWriters: true, ExcludeInSQL: true},
+		BadNames: map[string]Options{
+			"quote":            {OutboxTable: `x"; DROP TABLE y; --`},
+			"backtick":         {InboxTable: "in`box"},
+			"backtick escape":  {OutboxTable: "a` (x int); DROP TABLE t; -- "},
+			"space":            {OutboxTable: "my table"},
+			"dot":              {OutboxTable: "db.outbox"},
+			"leading digit":    {InboxTable: "1inbox"},
+			"non-ASCII":        {OutboxTable: "outbóx"},
+			"NUL":              {OutboxTable: "out\x00box"},
+			"newline":          {InboxTable: "in\nbox"},
+			"too long":         {OutboxTable: long},
+			"inbox too long":   {InboxTable: long},
+			"bad database":     {Database: "app`; DROP DATABASE x; --"},
+			"database dot":     {Database: "a.b"},
+			"database long":    {Database: strings.Repeat("d", MaxDatabaseNameLength+1)},
+			"same name":        {OutboxTable: "events", InboxTable: "events"},
+			"same name folded": {OutboxTable: "Events", InboxTable: "events"},
+			"derived clash":    {OutboxTable: "events", InboxTable: "events_leases"},
+			"derived folded":   {OutboxTable: "events", InboxTable: "EVENTS_MIGRATIONS"},
+			"members clash":    {OutboxTable: "events", InboxTable: "events_members"},
+		},
+		Longest:     longest,
+		Statements:  []Options{{}, {SkipLocked: true, Database: "app"}},
+		Placeholder: dialecttest.QuestionMark,
+		Forbidden:   []string{"$1", "::", "RETURNING", "ON CONFLICT", "now()", "IN ()", `"`},
+		Quote:       '`',
+		Qualified:   Options{Database: "app", OutboxTable: "events", InboxTable: "seen"},
+		Qualifier:   "`app`.",
+		Duplicate:   []error{&mysqldrv.MySQLError{Number: 1062, Message: "Duplicate entry"}},
+		Missing: []error{
+			fmt.Errorf("wrapped: %w", &mysqldrv.MySQLError{Number: 1146, Message: "x"}),
+			fmt.Errorf("wrapped: %w", &mysqldrv.MySQLError{Number: 1049, Message: "x"}),
+		},
+		Other:           []error{&mysqldrv.MySQLError{Number: 1213}},
+		ChunkRows:       25000,
+		ChunkStatements: 3,
+		MaxArgs:         65535,
+		SizeOptions:     Options{MaxInsertBytes: 1 << 20},
+		SizePayloads:    []int{200 << 10, 200 << 10, 200 << 10, 3 << 20, 10, 10},
+		SizeRows:        []int{2, 1, 1, 2},
+		EmptyValues:     true,
+	})
+}
 
-// TestMySQLPlaceholdersMatchArgs checks every statement: as many ? as
-// arguments, no Postgres syntax, no empty IN list, names quoted.
-func TestMySQLPlaceholdersMatchArgs(t *testing.T) {
+// TestMySQLReservedWordsQuoted checks that no statement uses key or
+// partition, reserved words in MySQL, unquoted.
+func TestMySQLReservedWordsQuoted(t *testing.T) {
+	reserved := regexp.MustCompile("[^`_]\\b(key|partition)\\b[^`_]")
 	for _, opts := range []Options{{}, {SkipLocked: true, Database: "app"}} {
-		d := MustNew(opts)
-		for name, q := range dialecttest.Statements(d) {
-			sql := stringLiteral.ReplaceAllString(q.SQL, "''")
-			if n := strings.Count(sql, "?"); n != len(q.Args) {
-				t.Errorf("%s: %d placeholders, %d args:\n%s", name, n, len(q.Args), q.SQL)
-			}
-			for _, bad := range []string{"$1", "::", "RETURNING", "ON CONFLICT", "now()", "IN ()", `"`} {
-				if strings.Contains(sql, bad) {
-					t.Errorf("%s contains %q:\n%s", name, bad, q.SQL)
-				}
-			}
-			// key and partition are reserved words in MySQL.
-			if regexp.MustCompile("[^`_]\\b(key|partition)\\b[^`_]").MatchString(strings.ReplaceAll(sql, "PRIMARY KEY", "")) &&
-				!strings.Contains(name, "Migration") {
+		for name, q := range dialecttest.Statements(MustNew(opts)) {
+			if reserved.MatchString(strings.ReplaceAll(q.SQL, "PRIMARY KEY", "")) && !strings.Contains(name, "Migration") {
 				t.Errorf("%s uses an unquoted reserved word:\n%s", name, q.SQL)
 			}
 		}
@@ -182,57 +157,6 @@ func TestMySQLSelectPending(t *testing.T) {
 	none := d.SelectPending(sqladapters.PendingQuery{Partitions: 16, Owned: []int{}, Limit: 7})
 	if !strings.Contains(none.SQL, "AND FALSE") {
 		t.Fatalf("no owned partitions must read nothing:\n%s", none.SQL)
-	}
-}
-
-func TestMySQLInsertOutboxChunks(t *testing.T) {
-	d := MustNew(Options{})
-	small := make([]sqladapters.OutboxMessage, 25000)
-	for i := range small {
-		small[i] = sqladapters.OutboxMessage{Topic: "t", UUID: fmt.Sprint(i), Payload: []byte("x"), Metadata: []byte("{}")}
-	}
-	qs := d.InsertOutbox(small)
-	if len(qs) != 3 {
-		t.Fatalf("%d statements for 25,000 rows, want 3", len(qs))
-	}
-	n := 0
-	for _, q := range qs {
-		if len(q.Args) > 65535 {
-			t.Fatalf("%d placeholders", len(q.Args))
-		}
-		if q.Args[1] != fmt.Sprint(n) {
-			t.Fatalf("statement starts at %v, want %d", q.Args[1], n)
-		}
-		n += len(q.Args) / 6
-	}
-	if n != len(small) {
-		t.Fatalf("%d rows in statements, want %d", n, len(small))
-	}
-
-	// Large messages split by size; one over the budget goes alone.
-	d = MustNew(Options{MaxInsertBytes: 1 << 20})
-	big := func(size int) sqladapters.OutboxMessage {
-		return sqladapters.OutboxMessage{Topic: "t", UUID: "u", Payload: bytes.Repeat([]byte{0}, size), Metadata: []byte("{}")}
-	}
-	msgs := []sqladapters.OutboxMessage{big(200 << 10), big(200 << 10), big(200 << 10), big(3 << 20), big(10), big(10)}
-	var sizes []int
-	for _, q := range d.InsertOutbox(msgs) {
-		sizes = append(sizes, len(q.Args)/6)
-	}
-	if fmt.Sprint(sizes) != "[2 1 1 2]" {
-		t.Fatalf("rows per statement %v, want [2 1 1 2]", sizes)
-	}
-
-	// nil payload becomes empty bytes, not NULL; an empty key is NULL.
-	q := d.InsertOutbox([]sqladapters.OutboxMessage{{Topic: "t", UUID: "u"}})[0]
-	if p, ok := q.Args[2].([]byte); !ok || p == nil {
-		t.Fatalf("payload arg %#v", q.Args[2])
-	}
-	if q.Args[3] != "{}" || q.Args[4] != nil {
-		t.Fatalf("metadata %#v key %#v", q.Args[3], q.Args[4])
-	}
-	if len(d.InsertOutbox(nil)) != 0 {
-		t.Fatal("statements for no messages")
 	}
 }
 
@@ -373,29 +297,6 @@ func TestMySQLSkipLockedIn(t *testing.T) {
 		if _, err := skipLockedIn(v); err == nil {
 			t.Errorf("%q parsed", v)
 		}
-	}
-}
-
-func TestMySQLClassifyError(t *testing.T) {
-	d := MustNew(Options{})
-	for _, n := range []uint16{1146, 1049} {
-		err := d.ClassifyError(fmt.Errorf("wrapped: %w", &mysqldrv.MySQLError{Number: n, Message: "x"}))
-		var mt *sqladapters.MissingTableError
-		if !errors.As(err, &mt) || !errors.Is(err, sqladapters.ErrMissingTable) || mt.Dialect != "mysql" {
-			t.Fatalf("%d: %v", n, err)
-		}
-	}
-	dup := &mysqldrv.MySQLError{Number: 1062, Message: "Duplicate entry"}
-	if err := d.ClassifyError(dup); !errors.Is(err, sqladapters.ErrDuplicate) || !errors.Is(err, dup) {
-		t.Fatalf("1062: %v", err)
-	}
-	other := &mysqldrv.MySQLError{Number: 1213}
-	if err := d.ClassifyError(other); err != other {
-		t.Fatalf("1213 changed: %v", err)
-	}
-	plain := errors.New("x")
-	if d.ClassifyError(plain) != plain || d.ClassifyError(nil) != nil {
-		t.Fatal("non-MySQL errors must pass unchanged")
 	}
 }
 

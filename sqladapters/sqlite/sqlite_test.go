@@ -11,78 +11,64 @@ import (
 	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
 )
 
-func TestSQLiteNewDefaults(t *testing.T) {
-	d, err := New(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.OutboxTable() != `"millbox_outbox"` || d.InboxTable() != `"millbox_inbox"` {
-		t.Fatalf("tables %s %s", d.OutboxTable(), d.InboxTable())
-	}
-	if d.Name() != "sqlite" || d.NotifyChannel() != "" {
-		t.Fatalf("name %q channel %q", d.Name(), d.NotifyChannel())
-	}
-	want := sqladapters.Features{TransactionalDDL: true, ExcludeInSQL: true}
-	if d.Features() != want {
-		t.Fatalf("features %+v", d.Features())
-	}
-}
-
-func TestSQLiteNewRejectsBadNames(t *testing.T) {
-	long := strings.Repeat("a", MaxTableNameLength+1)
-	cases := map[string]Options{
-		"quote":            {OutboxTable: `x"; DROP TABLE y; --`},
-		"space":            {OutboxTable: "my table"},
-		"dot":              {OutboxTable: "main.outbox"},
-		"leading digit":    {InboxTable: "1inbox"},
-		"backtick":         {InboxTable: "in`box"},
-		"bracket":          {InboxTable: "[inbox]"},
-		"non-ASCII":        {OutboxTable: "outbóx"},
-		"NUL":              {OutboxTable: "out\x00box"},
-		"too long":         {OutboxTable: long},
-		"reserved prefix":  {OutboxTable: "sqlite_outbox"},
-		"reserved upper":   {InboxTable: "SQLITE_inbox"},
-		"same name":        {OutboxTable: "events", InboxTable: "events"},
-		"same name folded": {OutboxTable: "Events", InboxTable: "events"},
-		"derived clash":    {OutboxTable: "events", InboxTable: "events_leases"},
-		"index clash":      {OutboxTable: "events_received_idx", InboxTable: "events"},
-	}
-	for name, opts := range cases {
-		t.Run(name, func(t *testing.T) {
-			_, err := New(opts)
-			if !errors.Is(err, sqladapters.ErrInvalidName) {
-				t.Fatalf("want ErrInvalidName, got %v", err)
-			}
-			if !strings.Contains(err.Error(), "sqlite.Options.") {
-				t.Fatalf("error does not name the field: %v", err)
-			}
-		})
-	}
-	if _, err := New(Options{OutboxTable: strings.Repeat("a", MaxTableNameLength)}); err != nil {
-		t.Fatalf("longest allowed name rejected: %v", err)
-	}
-}
-
-func TestSQLiteMustNewPanics(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Fatal("no panic")
-		}
-	}()
-	MustNew(Options{OutboxTable: "bad name"})
-}
-
-// TestSQLitePlaceholdersMatchArgs checks every statement binds exactly its
-// arguments: no SQL text of the dialect contains a literal question mark.
-func TestSQLitePlaceholdersMatchArgs(t *testing.T) {
-	for name, q := range dialecttest.Statements(MustNew(Options{})) {
-		if n := strings.Count(q.SQL, "?"); n != len(q.Args) {
-			t.Errorf("%s: %d placeholders, %d args\n%s", name, n, len(q.Args), q.SQL)
-		}
-		if strings.Contains(q.SQL, "$") {
-			t.Errorf("%s: Postgres-style placeholder\n%s", name, q.SQL)
-		}
-	}
+// TestSQLiteDialect runs the checks every dialect shares.
+func TestSQLiteDialect(t *testing.T) {
+	dialecttest.Exercise(t, dialecttest.Spec[Options]{
+		Name:     "sqlite",
+		New:      func(o Options) (sqladapters.Dialect, error) { return New(o) },
+		MustNew:  func(o Options) sqladapters.Dialect { return MustNew(o) },
+		Outbox:   `"millbox_outbox"`,
+		Inbox:    `"millbox_inbox"`,
+		Features: sqladapters.Features{TransactionalDDL: true, ExcludeInSQL: true},
+		BadNames: map[string]Options{
+			"quote":            {OutboxTable: `x"; DROP TABLE y; --`},
+			"space":            {OutboxTable: "my table"},
+			"dot":              {OutboxTable: "main.outbox"},
+			"leading digit":    {InboxTable: "1inbox"},
+			"backtick":         {InboxTable: "in`box"},
+			"bracket":          {InboxTable: "[inbox]"},
+			"non-ASCII":        {OutboxTable: "outbóx"},
+			"NUL":              {OutboxTable: "out\x00box"},
+			"too long":         {OutboxTable: strings.Repeat("a", MaxTableNameLength+1)},
+			"reserved prefix":  {OutboxTable: "sqlite_outbox"},
+			"reserved upper":   {InboxTable: "SQLITE_inbox"},
+			"same name":        {OutboxTable: "events", InboxTable: "events"},
+			"same name folded": {OutboxTable: "Events", InboxTable: "events"},
+			"derived clash":    {OutboxTable: "events", InboxTable: "events_leases"},
+			"index clash":      {OutboxTable: "events_received_idx", InboxTable: "events"},
+		},
+		Longest: Options{OutboxTable: strings.Repeat("a", MaxTableNameLength)},
+		// No SQL text of the dialect contains a literal question mark.
+		Statements:  []Options{{}},
+		Placeholder: dialecttest.QuestionMark,
+		Forbidden:   []string{"$"},
+		Quote:       '"',
+		Qualified:   Options{OutboxTable: "Ev_Out", InboxTable: "ev_in"},
+		Qualifier:   `"`,
+		Duplicate: []error{
+			&codeErr{2067, "constraint failed: UNIQUE constraint failed: t.x (2067)"},
+			&codeErr{1555, "constraint failed: UNIQUE constraint failed: t.id (1555)"},
+			&codeErr{19, "constraint failed: UNIQUE constraint failed: t.x (19)"},
+			fmt.Errorf("exec: %w", &codeErr{2067, "UNIQUE constraint failed: t.x"}),
+			errors.New("UNIQUE constraint failed: millbox_inbox.consumer, millbox_inbox.message_id"),
+		},
+		Missing: []error{
+			&codeErr{1, `SQL logic error: no such table: main.millbox_outbox (1)`},
+			errors.New("no such table: millbox_outbox"),
+		},
+		Other: []error{
+			&codeErr{1299, "constraint failed: NOT NULL constraint failed: t.x (1299)"},
+			&codeErr{5, "database is locked (5) (SQLITE_BUSY)"},
+			// The code wins over text that merely mentions the phrase.
+			&codeErr{275, "CHECK constraint failed: x <> 'UNIQUE constraint failed'"},
+			errors.New("syntax error"),
+		},
+		Reclassified:    true,
+		ChunkRows:       rowsPerInsert*2 + 1,
+		ChunkStatements: 3,
+		MaxArgs:         32766,
+		EmptyValues:     true,
+	})
 }
 
 func TestSQLiteNamesAreQuotedEverywhere(t *testing.T) {
@@ -104,56 +90,6 @@ func TestSQLiteNamesAreQuotedEverywhere(t *testing.T) {
 	}
 	if s := sqladapters.MigrationSQL(d); !strings.Contains(s, `"Ev_Out_pending_idx" ON "Ev_Out"`) || !strings.Contains(s, `"ev_in_received_idx"`) {
 		t.Fatalf("index names:\n%s", s)
-	}
-}
-
-func TestSQLiteInsertOutboxChunks(t *testing.T) {
-	d := MustNew(Options{})
-	msgs := make([]sqladapters.OutboxMessage, rowsPerInsert*2+1)
-	for i := range msgs {
-		msgs[i] = sqladapters.OutboxMessage{Topic: "t", UUID: fmt.Sprint(i), Metadata: []byte(`{}`)}
-	}
-	qs := d.InsertOutbox(msgs)
-	if len(qs) != 3 {
-		t.Fatalf("%d statements for %d messages", len(qs), len(msgs))
-	}
-	seen := 0
-	for _, q := range qs {
-		if len(q.Args) > 32766 {
-			t.Fatalf("%d parameters exceed SQLite's limit", len(q.Args))
-		}
-		for i := 0; i < len(q.Args); i += 6 {
-			if q.Args[i+1] != fmt.Sprint(seen) {
-				t.Fatalf("message %d out of order: %v", seen, q.Args[i+1])
-			}
-			seen++
-		}
-	}
-	if seen != len(msgs) {
-		t.Fatalf("inserted %d of %d", seen, len(msgs))
-	}
-	if qs := d.InsertOutbox(nil); len(qs) != 0 {
-		t.Fatalf("no messages built %d statements", len(qs))
-	}
-}
-
-func TestSQLiteInsertOutboxValues(t *testing.T) {
-	d := MustNew(Options{})
-	q := d.InsertOutbox([]sqladapters.OutboxMessage{
-		{Topic: "t", UUID: "a", Payload: nil, Metadata: []byte(`{"k":"v"}`), Key: "", KeyHash: 9},
-		{Topic: "t", UUID: "b", Payload: []byte{0}, Metadata: nil, Key: "key", KeyHash: 1},
-	})[0]
-	if q.Args[2] == nil || len(q.Args[2].([]byte)) != 0 {
-		t.Fatalf("nil payload bound as %#v, want an empty blob", q.Args[2])
-	}
-	if q.Args[3] != `{"k":"v"}` {
-		t.Fatalf("metadata bound as %T, want text", q.Args[3])
-	}
-	if q.Args[9] != "{}" {
-		t.Fatalf("missing metadata bound as %#v, want {}", q.Args[9])
-	}
-	if q.Args[4] != nil || q.Args[10] != "key" {
-		t.Fatalf("keys bound as %#v %#v, want NULL and text", q.Args[4], q.Args[10])
 	}
 }
 
@@ -216,55 +152,3 @@ type codeErr struct {
 
 func (e *codeErr) Error() string { return e.msg }
 func (e *codeErr) Code() int     { return e.code }
-
-func TestSQLiteClassifyError(t *testing.T) {
-	d := MustNew(Options{})
-	if d.ClassifyError(nil) != nil {
-		t.Fatal("nil error classified")
-	}
-	dup := []error{
-		&codeErr{2067, "constraint failed: UNIQUE constraint failed: t.x (2067)"},
-		&codeErr{1555, "constraint failed: UNIQUE constraint failed: t.id (1555)"},
-		&codeErr{19, "constraint failed: UNIQUE constraint failed: t.x (19)"},
-		fmt.Errorf("exec: %w", &codeErr{2067, "UNIQUE constraint failed: t.x"}),
-		errors.New("UNIQUE constraint failed: millbox_inbox.consumer, millbox_inbox.message_id"),
-	}
-	for _, err := range dup {
-		got := d.ClassifyError(err)
-		if !errors.Is(got, sqladapters.ErrDuplicate) || !errors.Is(got, err) {
-			t.Errorf("%v: want ErrDuplicate wrapping it, got %v", err, got)
-		}
-	}
-	missing := []error{
-		&codeErr{1, `SQL logic error: no such table: main.millbox_outbox (1)`},
-		errors.New("no such table: millbox_outbox"),
-	}
-	for _, err := range missing {
-		got := d.ClassifyError(err)
-		var mt *sqladapters.MissingTableError
-		if !errors.As(got, &mt) || !errors.Is(got, sqladapters.ErrMissingTable) || mt.Dialect != "sqlite" || !errors.Is(got, err) {
-			t.Errorf("%v: want *MissingTableError, got %v", err, got)
-		}
-	}
-	other := []error{
-		&codeErr{1299, "constraint failed: NOT NULL constraint failed: t.x (1299)"},
-		&codeErr{5, "database is locked (5) (SQLITE_BUSY)"},
-		// The code wins over text that merely mentions the phrase.
-		&codeErr{275, "CHECK constraint failed: x <> 'UNIQUE constraint failed'"},
-		errors.New("syntax error"),
-	}
-	for _, err := range other {
-		if got := d.ClassifyError(err); got != err {
-			t.Errorf("%v: changed to %v", err, got)
-		}
-	}
-	// Classifying twice does not wrap twice.
-	once := d.ClassifyError(dup[0])
-	if d.ClassifyError(once) != once {
-		t.Error("duplicate classified twice")
-	}
-	m := d.ClassifyError(missing[0])
-	if d.ClassifyError(m) != m {
-		t.Error("missing table classified twice")
-	}
-}

@@ -1,4 +1,6 @@
-// Package dialecttest lists the statements a sqladapters.Dialect builds,
-// so that each dialect's tests can check all of them: placeholders against
-// arguments, quoting, qualification.
+// Package dialecttest holds what the tests of every sqladapters.Dialect
+// share: Statements lists each statement a dialect builds, Exercise runs
+// the checks all dialects must pass, and Unavailable and its neighbours
+// let a test fail in CI (CI=true) or skip elsewhere when a database is
+// unreachable. The subpackages connect to one database each.
 package dialecttest

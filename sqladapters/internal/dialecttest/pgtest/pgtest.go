@@ -1,0 +1,67 @@
+// Package pgtest connects tests to the PostgreSQL server named by
+// MILLBOX_POSTGRES_URL (default
+// postgres://root@127.0.0.1:5432/test?sslmode=disable) and gives each test
+// a schema of its own, dropped afterwards.
+package pgtest
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
+	"github.com/millbox/millbox/sqladapters/postgres"
+)
+
+// URLVariable is the environment variable that holds the server's URL.
+const URLVariable = "MILLBOX_POSTGRES_URL"
+
+// URL is the server the tests use.
+func URL() string {
+	return dialecttest.Env(URLVariable, "postgres://root@127.0.0.1:5432/test?sslmode=disable")
+}
+
+// Pool returns a pool to the server at URL, closed after the test.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		t.Fatalf("parse %s: %v", URLVariable, err)
+	}
+	cfg.MaxConns = max(cfg.MaxConns, 20)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		dialecttest.Unavailable(t, "PostgreSQL", URLVariable, err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Dialect returns a dialect migrated through db into a fresh schema, which
+// is dropped through pool after the test.
+func Dialect(t testing.TB, db sqladapters.DB, pool *pgxpool.Pool, opts postgres.Options) *postgres.Dialect {
+	t.Helper()
+	opts.Schema = dialecttest.UniqueName("t_")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+opts.Schema+`" CASCADE`); err != nil && !strings.Contains(err.Error(), "closed pool") {
+			t.Logf("drop schema %s: %v", opts.Schema, err)
+		}
+	})
+	d, err := postgres.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialecttest.Migrate(t, db, d)
+	return d
+}
