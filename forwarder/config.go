@@ -196,8 +196,10 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate names the first invalid field and the rule it breaks.
+// Validate names the first invalid field and the rule it breaks. Zero
+// fields take their defaults first, as in New.
 func (c Config) Validate() error {
+	c.setDefaults()
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}

@@ -12,9 +12,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/postgres"
+	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {
@@ -124,5 +128,21 @@ func TestPrepareDecodesMetadataAsEncodingJSON(t *testing.T) {
 		if got := map[string]string(o.msg.Metadata); !maps.Equal(got, want) {
 			t.Fatalf("%q: metadata %v, encoding/json gives %v", md, got, want)
 		}
+	}
+}
+
+// Validate accepts what New accepts: zero fields take their defaults.
+func TestValidateAppliesDefaults(t *testing.T) {
+	cfg := Config{
+		DB:        stdsql.WrapDB(nil),
+		Dialect:   postgres.MustNew(postgres.Options{}),
+		Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}),
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate of a config New accepts: %v", err)
+	}
+	cfg.BatchSize = -1
+	if err := cfg.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "BatchSize") {
+		t.Fatalf("Validate with BatchSize -1: %v", err)
 	}
 }

@@ -71,8 +71,10 @@ func (c *CleanerConfig) setDefaults() {
 	}
 }
 
-// Validate names the first invalid field.
+// Validate names the first invalid field. Zero fields take their defaults
+// first, as in NewCleaner.
 func (c CleanerConfig) Validate() error {
+	c.setDefaults()
 	switch {
 	case c.DB == nil:
 		return fmt.Errorf("%w: inbox.CleanerConfig.DB is required (for example pgxv5.WrapPool(pool))", ErrInvalidConfig)

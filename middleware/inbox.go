@@ -76,8 +76,10 @@ func (c *InboxConfig) setDefaults() {
 	}
 }
 
-// Validate names the first invalid field.
+// Validate names the first invalid field. Zero fields take their defaults
+// first, as in NewInbox.
 func (c InboxConfig) Validate() error {
+	c.setDefaults()
 	switch {
 	case c.DB == nil:
 		return fmt.Errorf("%w: InboxConfig.DB is required (for example pgxv5.WrapPool(pool))", ErrInvalidConfig)

@@ -174,9 +174,10 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Validate names the first invalid field and the rule it breaks. It
-// expects defaults applied (New applies them).
+// Validate names the first invalid field and the rule it breaks. Zero
+// fields take their defaults first, as in New.
 func (c Config) Validate() error {
+	c.setDefaults()
 	if c.Publisher == nil {
 		return fmt.Errorf("%w: Config.Publisher (the destination) is required", ErrInvalidConfig)
 	}
