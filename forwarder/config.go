@@ -148,7 +148,7 @@ type Hooks struct {
 	// them as pending).
 	OnBatch func(BatchStats)
 	// OnFailure is called for every failed attempt.
-	OnFailure func(f sqladapters.Failure, row sqladapters.OutboxRow)
+	OnFailure func(FailedAttempt)
 	// OnError is called when the forwarder meets an error it retries: a
 	// read of the outbox, recording a failed attempt, deleting published
 	// rows, renewing leases, table maintenance, the destination becoming
@@ -160,10 +160,27 @@ type Hooks struct {
 	OnRead func(rows int)
 }
 
+// FailedAttempt is one failed attempt to publish an outbox row, as
+// Hooks.OnFailure reports it.
+type FailedAttempt struct {
+	// ID is the row's outbox id; UUID, Topic and Key are its message's
+	// (Key is empty for a message without an ordering key).
+	ID               int64
+	UUID, Topic, Key string
+	// Attempts counts the row's failed attempts, this one included.
+	Attempts int
+	// Error is the error as stored in the row's last_error.
+	Error string
+	// Backoff is the delay before the row is tried again.
+	Backoff time.Duration
+	// Dead tells that the row moved to the dead letters.
+	Dead bool
+}
+
 // BatchStats describes one Publish call of the destination: the messages
 // handed to it, those it delivered, those it failed (zero when the call
 // succeeded), and how long it took. Dead letters are reported through
-// Hooks.OnFailure (Failure.Dead).
+// Hooks.OnFailure (FailedAttempt.Dead).
 type BatchStats struct {
 	Messages, Forwarded, Failed int
 	Duration                    time.Duration

@@ -46,7 +46,10 @@ func (f *Forwarder) recordFailure(row sqladapters.OutboxRow, cause error) (dead 
 		f.cfg.Logger.Info("millbox forwarder: publish failed; will retry: "+fail.Error, fields)
 	}
 	if f.cfg.Hooks.OnFailure != nil {
-		f.cfg.Hooks.OnFailure(fail, row)
+		f.cfg.Hooks.OnFailure(FailedAttempt{
+			ID: row.ID, UUID: row.UUID, Topic: row.Topic, Key: row.Key,
+			Attempts: attempts, Error: fail.Error, Backoff: fail.Backoff, Dead: dead,
+		})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(f.cfg.CloseTimeout, 5*time.Second))
 	defer cancel()

@@ -559,7 +559,7 @@ func TestCDCPoisonKey(t *testing.T) {
 	pub := &failingPublisher{Publisher: k.KeyedPublisher(t), match: func(m *message.Message) bool { return m.UUID == poison.UUID }}
 	pub.failing.Store(true)
 	var mu sync.Mutex
-	var failures []sqladapters.Failure
+	var failures []forwarder.FailedAttempt
 	var deadAt time.Time
 	cfg := e.cfg
 	cfg.Publisher = pub
@@ -568,11 +568,11 @@ func TestCDCPoisonKey(t *testing.T) {
 	// Retries are read when due; nothing else polls during the test, so the
 	// requeued row is found only through the update in the stream.
 	cfg.PollInterval = time.Hour
-	cfg.Hooks.OnFailure = func(f sqladapters.Failure, row sqladapters.OutboxRow) {
+	cfg.Hooks.OnFailure = func(f forwarder.FailedAttempt) {
 		mu.Lock()
 		defer mu.Unlock()
-		if row.UUID != poison.UUID {
-			t.Errorf("failure recorded for %s, not the poison message", row.UUID)
+		if f.UUID != poison.UUID {
+			t.Errorf("failure recorded for %s, not the poison message", f.UUID)
 		}
 		failures = append(failures, f)
 		if f.Dead {
@@ -961,8 +961,8 @@ func TestCDCPublishTimeout(t *testing.T) {
 	cfg.PublishTimeout = 200 * time.Millisecond
 	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 100*time.Millisecond
 	cfg.MaxAttempts = -1
-	cfg.Hooks.OnFailure = func(f sqladapters.Failure, row sqladapters.OutboxRow) {
-		if row.UUID == stuck.UUID && strings.Contains(f.Error, "PublishTimeout") {
+	cfg.Hooks.OnFailure = func(f forwarder.FailedAttempt) {
+		if f.UUID == stuck.UUID && strings.Contains(f.Error, "PublishTimeout") {
 			timeouts.Add(1)
 		}
 	}

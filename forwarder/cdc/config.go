@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -141,7 +142,7 @@ type Telemetry struct {
 // safe for concurrent use.
 type Hooks struct {
 	// OnFailure is called for every failed attempt of a row.
-	OnFailure func(f sqladapters.Failure, row sqladapters.OutboxRow)
+	OnFailure func(forwarder.FailedAttempt)
 	// OnError is called for every error the forwarder retries: a lost
 	// replication connection, a failed read, delete or failure record.
 	OnError func(error)

@@ -174,7 +174,10 @@ func (f *Forwarder) recordFailure(row *streamRow, cause error) (dead bool, err e
 		f.cfg.Logger.Info("millbox cdc: publish failed; will retry: "+fail.Error, fields)
 	}
 	if f.cfg.Hooks.OnFailure != nil {
-		f.cfg.Hooks.OnFailure(fail, row.OutboxRow)
+		f.cfg.Hooks.OnFailure(forwarder.FailedAttempt{
+			ID: row.ID, UUID: row.UUID, Topic: row.Topic, Key: row.Key,
+			Attempts: attempts, Error: fail.Error, Backoff: fail.Backoff, Dead: dead,
+		})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(f.cfg.CloseTimeout, 5*time.Second))
 	defer cancel()

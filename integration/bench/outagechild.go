@@ -25,7 +25,6 @@ import (
 	"github.com/millbox/millbox/forwarder/amqpbatch"
 	"github.com/millbox/millbox/forwarder/kafkabatch"
 	"github.com/millbox/millbox/integration/testenv"
-	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
@@ -225,7 +224,7 @@ func outageChild(ctx context.Context, o options, pubName string) error {
 				}
 			},
 			OnError:   func(error) { errs.Add(1) },
-			OnFailure: func(sqladapters.Failure, sqladapters.OutboxRow) { failed.Add(1) },
+			OnFailure: func(forwarder.FailedAttempt) { failed.Add(1) },
 			OnBatch:   func(s forwarder.BatchStats) { forwarded.Add(int64(s.Forwarded)) },
 		},
 	})

@@ -82,7 +82,7 @@ func Faults(t *testing.T, env Env) {
 		var timeouts atomic.Int32
 		cfg := base(d, rec)
 		cfg.PublishTimeout = 100 * time.Millisecond
-		cfg.Hooks.OnFailure = func(f sqladapters.Failure, row sqladapters.OutboxRow) { timeouts.Add(1) }
+		cfg.Hooks.OnFailure = func(forwarder.FailedAttempt) { timeouts.Add(1) }
 		StartForwarder(t, cfg)
 		writeKey(t, ctx, src, d, "slow", 0, 10)
 		<-entered
@@ -121,7 +121,7 @@ func Faults(t *testing.T, env Env) {
 		var failures atomic.Int32
 		cfg := base(d, rec)
 		cfg.Hooks.OnRead = func(int) { reads.Add(1) }
-		cfg.Hooks.OnFailure = func(sqladapters.Failure, sqladapters.OutboxRow) { failures.Add(1) }
+		cfg.Hooks.OnFailure = func(forwarder.FailedAttempt) { failures.Add(1) }
 		StartForwarder(t, cfg)
 		writeKey(t, ctx, src, d, "first", 0, 1)
 		for refused.Load() == 0 {
