@@ -312,6 +312,14 @@ func TestPostgresForwarderConformance(t *testing.T) {
 	conformance.Forwarder(t, pgEnv(t))
 }
 
+// The forwarder suite again with the forwarder's DB on database/sql and
+// lib/pq, as applications without pgx run it.
+func TestPostgresForwarderConformanceLibPQ(t *testing.T) {
+	env := pgEnv(t)
+	env.DB = stdsql.WrapDB(openSQL(t, "postgres", testenv.PostgresURL()))
+	conformance.Forwarder(t, env)
+}
+
 func TestPostgresInboxConformance(t *testing.T) {
 	conformance.Inbox(t, pgEnv(t))
 }
