@@ -97,7 +97,7 @@ func (f *Forwarder) runCall(c *call, events chan<- callEvent) {
 			var pe *PartialError
 			if errors.As(err, &pe) {
 				ev.partial = true
-				ev.delivered, ev.err = min(max(pe.Delivered, 0), len(msgs)), pe.Err
+				ev.delivered, ev.err = DeliveredPrefix(err, len(msgs)), pe.Err
 				if ev.err == nil {
 					ev.err = err
 				}
