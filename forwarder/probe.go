@@ -23,16 +23,19 @@ var ErrNotificationsLost = errors.New("millbox: notifications do not arrive")
 // notification normally arrives within milliseconds.
 const notifyProbeTimeout = 2 * time.Second
 
-// notifyProber is a dialect that can notify its own channel with a
-// payload that announces no row (postgres.Dialect with Options.Notify).
+// notifyProber is a dialect that can notify its own channel
+// (postgres.Dialect with Options.Notify). Listeners wake for a probe as for
+// a commit: one extra read per probe and instance.
 type notifyProber interface {
 	NotifyProbe() sqladapters.Query
 }
 
-// probe notifies the forwarder's channel through Config.DB and waits for a
-// notification to arrive. Any notification counts: one that arrives at all
-// proves the listener's session receives what other sessions send. It
-// returns nil when one arrived (and calls arrived), or when the probe
+// probe checks that notifications reach the listener. Any notification
+// counts: one that arrives at all proves the listener's session receives
+// what other sessions send, so when one arrived since the last check no
+// probe is sent. Otherwise it notifies the forwarder's channel through
+// Config.DB and waits. It returns nil when one arrived (and calls
+// arrived), or when the probe
 // could not be sent (an unreachable database proves nothing; the reads
 // report it); the listener's outcome with ended set when it returned
 // meanwhile (taken from errc); and an error naming the likely cause when
@@ -40,6 +43,8 @@ type notifyProber interface {
 func (f *Forwarder) probe(ctx context.Context, p notifyProber, got <-chan struct{}, errc <-chan error, arrived func()) (ended bool, err error) {
 	select {
 	case <-got:
+		arrived()
+		return false, nil
 	default:
 	}
 	if _, err := p.NotifyProbe().Exec(ctx, f.cfg.DB); err != nil {

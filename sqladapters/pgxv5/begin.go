@@ -10,11 +10,6 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
-// batchSender is what *pgxpool.Pool and *pgx.Conn have for sending a batch.
-type batchSender interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
-
 // BeginExec begins a transaction and runs query in it, and returns the
 // transaction and the number of rows query affected. BEGIN and query go to
 // the server together, in one round trip (pgx's Batch.BeginTx), instead of
@@ -29,23 +24,10 @@ func (d *DB) BeginExec(ctx context.Context, opts sql.TxOptions, query string, ar
 	if err != nil {
 		return nil, 0, err
 	}
-	s, ok := d.b.(batchSender)
-	if !ok {
-		tx, err := d.Begin(ctx, opts)
-		if err != nil {
-			return nil, 0, err
-		}
-		n, err := tx.Exec(ctx, query, args...)
-		if err != nil {
-			sqladapters.Rollback(tx)
-			return nil, 0, err
-		}
-		return tx, n, nil
-	}
 	var b pgx.Batch
 	b.BeginTx(o)
 	b.Queue(query, args...)
-	br := s.SendBatch(ctx, &b)
+	br := d.b.SendBatch(ctx, &b)
 	// The transaction exists from here on; with a pool it holds the
 	// connection until it is committed or rolled back, also when the
 	// batch failed.

@@ -85,6 +85,7 @@ func TxFromContext(ctx context.Context) (pgx.Tx, error) {
 type beginner interface {
 	querier
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // DB adapts a *pgxpool.Pool or a *pgx.Conn.

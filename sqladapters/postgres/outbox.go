@@ -101,9 +101,9 @@ func (d *Dialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) sql
 }
 
 // NotifyProbe returns the statement a forwarder checks its listener with:
-// a notification on NotifyChannel with the payload "probe" (the outbox
-// insert's notification has an empty payload). It is only meaningful with
-// Options.Notify.
+// a notification on NotifyChannel with the payload "probe", for someone
+// watching the channel by hand; listeners wake for it as for a commit. It
+// is only meaningful with Options.Notify.
 func (d *Dialect) NotifyProbe() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT pg_notify($1, 'probe')`, Args: []any{d.channel}}
 }
