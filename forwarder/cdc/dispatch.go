@@ -160,6 +160,9 @@ type dispatcher struct {
 	resumes chan *lane
 	founds  chan lookupResult
 	delKick chan struct{}
+	// quit is closed when loop returns. Calls that passed PublishTimeout
+	// may still be running then; their results are dropped.
+	quit chan struct{}
 }
 
 func newDispatcher(f *Forwarder, ctx context.Context, abort context.CancelFunc, events <-chan streamEvent, start snapshotMark, confirmed pglogrepl.LSN, keys []lookupResult) *dispatcher {
@@ -170,6 +173,7 @@ func newDispatcher(f *Forwarder, ctx context.Context, abort context.CancelFunc, 
 		calls: make(chan callResult, 64), records: make(chan recordResult, 16), deleted: make(chan deleteResult, 4),
 		polls: make(chan pollResult, 1), resumes: make(chan *lane, 16), founds: make(chan lookupResult, 4),
 		delKick:   make(chan struct{}, 1),
+		quit:      make(chan struct{}),
 		pollTimer: time.NewTimer(0),
 	}
 	for _, k := range keys {
@@ -188,6 +192,7 @@ func hkeyOf(key string, keyed bool) string {
 // loop runs until ctx ends or the stream stops, then finishes the calls,
 // failure records and deletes in flight (deletes within CloseTimeout).
 func (d *dispatcher) loop() {
+	defer close(d.quit)
 	done := d.ctx.Done()
 	for {
 		d.startCalls()
@@ -465,7 +470,7 @@ func (d *dispatcher) startCalls() {
 		l.queue = l.queue[n:]
 		l.running = true
 		d.active++
-		go d.f.runCall(l, l.call, d.calls)
+		go d.f.runCall(l, l.call, d.calls, d.quit)
 	}
 	if len(d.readyq) == 0 {
 		d.readyq = nil

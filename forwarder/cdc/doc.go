@@ -66,9 +66,12 @@
 //   - Table hygiene. Published rows are deleted in batches of at most
 //     DeleteBatch, or stamped published_at with KeepForwarded.
 //
-// A Publish call that never returns holds its key, and the slot's
-// confirmed position, until it does (there is no PublishTimeout in this
-// mode); Close waits CloseTimeout for calls in flight.
+// A Publish call that has not returned within PublishTimeout counts as a
+// failed attempt of its first row; its key is handed to polling and stays
+// held until the call returns, so a late success only produces a
+// duplicate. Close waits for calls in flight up to PublishTimeout and for
+// the deletes of published rows up to CloseTimeout; it does not wait for
+// calls that already passed PublishTimeout.
 //
 // PostgreSQL waits, when it shuts down, until its replication clients have
 // confirmed everything it sent. The forwarder confirms as soon as rows are

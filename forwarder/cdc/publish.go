@@ -24,8 +24,9 @@ import (
 )
 
 // runCall publishes the leading rows of one topic and reports how many
-// the destination acknowledged.
-func (f *Forwarder) runCall(l *lane, rows []*streamRow, out chan<- callResult) {
+// the destination acknowledged, unless quit closed meanwhile: the
+// dispatcher does not wait for a call that passed PublishTimeout.
+func (f *Forwarder) runCall(l *lane, rows []*streamRow, out chan<- callResult, quit <-chan struct{}) {
 	msgs := make([]*message.Message, 0, len(rows))
 	var topic string
 	var prepErr error
@@ -50,7 +51,10 @@ func (f *Forwarder) runCall(l *lane, rows []*streamRow, out chan<- callResult) {
 			mu.Lock()
 			defer mu.Unlock()
 			timedOut = true
-			out <- callResult{l: l, timeout: true, err: fmt.Errorf("millbox cdc: Publish did not return within PublishTimeout %v", f.cfg.PublishTimeout)}
+			select {
+			case out <- callResult{l: l, timeout: true, err: fmt.Errorf("millbox cdc: Publish did not return within PublishTimeout %v", f.cfg.PublishTimeout)}:
+			case <-quit:
+			}
 		})
 		err := f.publish(topic, msgs)
 		timer.Stop()
@@ -68,7 +72,10 @@ func (f *Forwarder) runCall(l *lane, rows []*streamRow, out chan<- callResult) {
 	mu.Lock()
 	defer mu.Unlock()
 	res.late = timedOut
-	out <- res
+	select {
+	case out <- res:
+	case <-quit:
+	}
 }
 
 func (f *Forwarder) publish(topic string, msgs []*message.Message) (err error) {
