@@ -3,7 +3,6 @@ package cdc
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/internal/metadata"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -91,10 +91,8 @@ func (f *Forwarder) publish(topic string, msgs []*message.Message) (err error) {
 // it: the same UUID, payload and metadata (the ordering key among them).
 func (f *Forwarder) prepare(r *streamRow) (msg *message.Message, topic string, err error) {
 	msg = message.NewMessage(r.UUID, r.Payload)
-	if len(r.Metadata) > 0 {
-		if err := json.Unmarshal(r.Metadata, &msg.Metadata); err != nil {
-			return nil, "", permanentError{fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err)}
-		}
+	if err := metadata.Decode(r.Metadata, &msg.Metadata); err != nil {
+		return nil, "", permanentError{fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err)}
 	}
 	topic = r.Topic
 	if f.cfg.Topic != nil {
