@@ -71,23 +71,34 @@ func (i *Inbox) Record(ctx context.Context, tx sqladapters.Tx, consumer, message
 	if tx == nil {
 		return false, fmt.Errorf("millbox: inbox: record message %q: %w", messageID, ErrNoTx)
 	}
+	if err := validateKeys(consumer, messageID); err != nil {
+		return false, err
+	}
+	return i.record(ctx, tx, consumer, messageID)
+}
+
+func validateKeys(consumer, messageID string) error {
 	if err := ValidateKey("consumer", consumer); err != nil {
-		return false, err
+		return err
 	}
-	if err := ValidateKey("message id", messageID); err != nil {
-		return false, err
-	}
+	return ValidateKey("message id", messageID)
+}
+
+// record runs the inbox insert of valid keys in tx.
+func (i *Inbox) record(ctx context.Context, tx sqladapters.Tx, consumer, messageID string) (first bool, err error) {
 	n, err := i.d.InsertInbox(consumer, messageID).Exec(ctx, tx)
-	if err != nil {
-		err = i.d.ClassifyError(err)
-		// A dialect may report the duplicate as a unique violation instead
-		// of zero rows; either way the key was there.
-		if errors.Is(err, sqladapters.ErrDuplicate) {
-			return false, nil
-		}
-		return false, fmt.Errorf("millbox: inbox: record message %q for consumer %q: %w", messageID, consumer, err)
+	return i.outcome(n, err, consumer, messageID)
+}
+
+// outcome reads the result of an inbox insert: first when it added the
+// record, not first for a duplicate. A dialect may report the duplicate as
+// a unique violation instead of zero rows; either way the key was there.
+func (i *Inbox) outcome(n int64, err error, consumer, messageID string) (first bool, _ error) {
+	if err == nil {
+		first, err = rowsToFirst(n)
+	} else if err = i.d.ClassifyError(err); errors.Is(err, sqladapters.ErrDuplicate) {
+		return false, nil
 	}
-	first, err = rowsToFirst(n)
 	if err != nil {
 		return false, fmt.Errorf("millbox: inbox: record message %q for consumer %q: %w", messageID, consumer, err)
 	}
@@ -113,10 +124,7 @@ type BeginExecer interface {
 // tx and commit it. For a duplicate it rolls the transaction back and
 // returns a nil tx and false. On error no transaction is left open.
 func (i *Inbox) BeginRecord(ctx context.Context, db sqladapters.DB, opts sql.TxOptions, consumer, messageID string) (tx sqladapters.Tx, first bool, err error) {
-	if err := ValidateKey("consumer", consumer); err != nil {
-		return nil, false, err
-	}
-	if err := ValidateKey("message id", messageID); err != nil {
+	if err := validateKeys(consumer, messageID); err != nil {
 		return nil, false, err
 	}
 	be, ok := db.(BeginExecer)
@@ -125,7 +133,7 @@ func (i *Inbox) BeginRecord(ctx context.Context, db sqladapters.DB, opts sql.TxO
 		if err != nil {
 			return nil, false, fmt.Errorf("millbox: inbox: begin transaction for message %q: %w", messageID, err)
 		}
-		first, err := i.Record(ctx, tx, consumer, messageID)
+		first, err := i.record(ctx, tx, consumer, messageID)
 		if err != nil || !first {
 			sqladapters.Rollback(tx)
 			return nil, false, err
@@ -134,19 +142,10 @@ func (i *Inbox) BeginRecord(ctx context.Context, db sqladapters.DB, opts sql.TxO
 	}
 	q := i.d.InsertInbox(consumer, messageID)
 	tx, n, err := be.BeginExec(ctx, opts, q.SQL, q.Args...)
-	if err != nil {
-		// As in Record: a dialect may report the duplicate as a unique
-		// violation. BeginExec has rolled back already.
-		err = i.d.ClassifyError(err)
-		if errors.Is(err, sqladapters.ErrDuplicate) {
-			return nil, false, nil
-		}
-		return nil, false, fmt.Errorf("millbox: inbox: begin transaction and record message %q for consumer %q: %w", messageID, consumer, err)
-	}
-	if first, err = rowsToFirst(n); err != nil || !first {
-		sqladapters.Rollback(tx)
-		if err != nil {
-			err = fmt.Errorf("millbox: inbox: record message %q for consumer %q: %w", messageID, consumer, err)
+	// When BeginExec failed it has rolled back already and tx is nil.
+	if first, err = i.outcome(n, err, consumer, messageID); err != nil || !first {
+		if tx != nil {
+			sqladapters.Rollback(tx)
 		}
 		return nil, false, err
 	}
