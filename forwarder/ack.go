@@ -85,7 +85,7 @@ func (d *deleter) complete(ids []int64) {
 	for start := 0; start < len(ids); {
 		end := min(start+deleteChunk, len(ids))
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := f.cfg.Dialect.CompleteForwarded(ids[start:end], f.cfg.KeepForwarded).Exec(ctx, f.cfg.DB)
+		_, err := f.cfg.Dialect.CompleteForwarded(ctx, f.cfg.DB, ids[start:end], f.cfg.KeepForwarded)
 		cancel()
 		if err == nil {
 			start = end

@@ -2,7 +2,6 @@ package forwarder
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
@@ -18,24 +17,9 @@ func DeadLetters(ctx context.Context, db sqladapters.Executor, d sqladapters.Dia
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := d.ListDeadLetters(afterID, limit).Query(ctx, db)
+	out, err := d.ListDeadLetters(ctx, db, afterID, limit)
 	if err != nil {
-		return nil, fmt.Errorf("millbox: list dead letters: %w", d.ClassifyError(err))
-	}
-	defer rows.Close()
-	var out []sqladapters.DeadLetter
-	for rows.Next() {
-		var dl sqladapters.DeadLetter
-		var key sql.NullString
-		if err := rows.Scan(&dl.ID, &dl.Topic, &dl.UUID, &dl.Payload, &dl.Metadata, &key, &dl.Attempts,
-			&dl.LastError, &dl.CreatedAt, &dl.DeadAt); err != nil {
-			return nil, fmt.Errorf("millbox: read dead letter: %w", err)
-		}
-		dl.Key = key.String
-		out = append(out, dl)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("millbox: list dead letters: %w", d.ClassifyError(err))
+		return nil, fmt.Errorf("millbox: list dead letters: %w", err)
 	}
 	return out, nil
 }
@@ -56,17 +40,11 @@ func OutboxBacklog(ctx context.Context, db sqladapters.Executor, d sqladapters.D
 	if db == nil || d == nil {
 		return b, errors.New("millbox: OutboxBacklog needs a database and a dialect")
 	}
-	rows, err := d.CountOutbox().Query(ctx, db)
+	s, err := d.OutboxStats(ctx, db)
 	if err != nil {
-		return b, fmt.Errorf("millbox: count outbox: %w", d.ClassifyError(err))
+		return b, fmt.Errorf("millbox: count outbox: %w", err)
 	}
-	defer rows.Close()
-	if rows.Next() {
-		if err := rows.Scan(&b.Pending, &b.Dead); err != nil {
-			return b, fmt.Errorf("millbox: count outbox: %w", err)
-		}
-	}
-	return b, rows.Err()
+	return Backlog{Pending: s.Pending, Dead: s.Dead}, nil
 }
 
 // RequeueDeadLetters makes the given dead rows pending again with zero
@@ -78,15 +56,12 @@ func RequeueDeadLetters(ctx context.Context, db sqladapters.Executor, d sqladapt
 	if db == nil || d == nil {
 		return 0, errors.New("millbox: RequeueDeadLetters needs a database and a dialect")
 	}
-	var q sqladapters.Query
 	if len(ids) == 0 {
-		q = d.RequeueDeadLetters(nil)
-	} else {
-		q = d.RequeueDeadLetters(ids)
+		ids = nil // every dead row
 	}
-	n, err := q.Exec(ctx, db)
+	n, err := d.RequeueDeadLetters(ctx, db, ids)
 	if err != nil {
-		return 0, fmt.Errorf("millbox: requeue dead letters: %w", d.ClassifyError(err))
+		return 0, fmt.Errorf("millbox: requeue dead letters: %w", err)
 	}
 	return n, nil
 }

@@ -84,7 +84,6 @@ type dispatcher struct {
 	// watch: the outbox's high-water mark, looked at every WatchInterval
 	// when nothing notifies this forwarder of new rows.
 	watch    *time.Timer
-	watchQ   sqladapters.Query
 	watching bool
 	hwm      int64
 	marks    chan watchMark
@@ -127,8 +126,7 @@ func newDispatcher(f *Forwarder, ctx context.Context) *dispatcher {
 	d.marks = make(chan watchMark, 1)
 	d.watch = time.NewTimer(time.Hour)
 	d.watch.Stop()
-	if hw, ok := f.cfg.Dialect.(sqladapters.HighWaterMark); ok && f.listener == nil && f.cfg.WatchInterval > 0 {
-		d.watchQ = hw.HighWaterMark()
+	if f.cfg.Dialect.Features().HighWaterMark && f.listener == nil && f.cfg.WatchInterval > 0 {
 		d.hwm = -1
 		d.watch.Reset(f.cfg.WatchInterval)
 	}
@@ -493,14 +491,9 @@ func (d *dispatcher) maybeRead() {
 	d.dirty = false
 	d.reading = true
 	limit := cfg.BatchSize
-	var exclude []int64
-	if cfg.Dialect.Features().ExcludeInSQL {
-		exclude = make([]int64, 0, len(d.inflight))
-		for id := range d.inflight {
-			exclude = append(exclude, id)
-		}
-	} else {
-		limit = min(limit+len(d.inflight), maxReadLimit)
+	exclude := make([]int64, 0, len(d.inflight))
+	for id := range d.inflight {
+		exclude = append(exclude, id)
 	}
 	backlog := d.prevFull
 	go func() {
@@ -578,7 +571,7 @@ func (d *dispatcher) look() {
 	}
 	d.watching = true
 	go func() {
-		mark, err := queryInt64(d.ctx, d.f.cfg.DB, d.watchQ)
+		mark, err := d.f.cfg.Dialect.HighWaterMark(d.ctx, d.f.cfg.DB)
 		d.marks <- watchMark{mark, err}
 	}()
 }

@@ -53,8 +53,8 @@ func (f *Forwarder) recordFailure(row sqladapters.OutboxRow, cause error) (dead 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(f.cfg.CloseTimeout, 5*time.Second))
 	defer cancel()
-	_, err = f.cfg.Dialect.RecordFailure(fail).Exec(ctx, f.cfg.DB)
-	return dead, f.cfg.Dialect.ClassifyError(err)
+	_, err = f.cfg.Dialect.RecordFailure(ctx, f.cfg.DB, fail)
+	return dead, err
 }
 
 // backoff is MinBackoff doubled per attempt, capped at MaxBackoff, ± jitter.

@@ -234,14 +234,12 @@ func (f *Forwarder) Close() error {
 
 func (f *Forwarder) setup(ctx context.Context) error {
 	d := f.cfg.Dialect
-	for _, q := range d.EnsurePartitions(f.cfg.Partitions) {
-		if _, err := q.Exec(ctx, f.cfg.DB); err != nil {
-			return fmt.Errorf("millbox: forwarder start: %w", d.ClassifyError(err))
-		}
+	if err := d.EnsurePartitions(ctx, f.cfg.DB, f.cfg.Partitions); err != nil {
+		return fmt.Errorf("millbox: forwarder start: %w", err)
 	}
-	n, err := queryInt(ctx, f.cfg.DB, d.CountPartitions())
+	n, err := d.CountPartitions(ctx, f.cfg.DB)
 	if err != nil {
-		return fmt.Errorf("millbox: forwarder start: %w", d.ClassifyError(err))
+		return fmt.Errorf("millbox: forwarder start: %w", err)
 	}
 	if n != f.cfg.Partitions {
 		return fmt.Errorf("%w: Config.Partitions is %d but the outbox %s is split into %d partitions; "+
@@ -299,11 +297,6 @@ func (f *Forwarder) leaseValid() bool {
 	return len(f.owned) > 0 && time.Now().Before(f.leaseDeadline)
 }
 
-func queryInt(ctx context.Context, e sqladapters.Executor, q sqladapters.Query) (int, error) {
-	n, err := queryInt64(ctx, e, q)
-	return int(n), err
-}
-
 // isRunning tells whether Run is forwarding: started, holding leases, not
 // yet returned.
 func (f *Forwarder) isRunning() bool {
@@ -330,21 +323,6 @@ func (f *Forwarder) Status(ctx context.Context) (Status, error) {
 		return Status{}, err
 	}
 	return f.tel.status(f.isRunning(), f.Partitions(), stats), nil
-}
-
-func queryInt64(ctx context.Context, e sqladapters.Executor, q sqladapters.Query) (int64, error) {
-	rows, err := q.Query(ctx, e)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	var n int64
-	if rows.Next() {
-		if err := rows.Scan(&n); err != nil {
-			return 0, err
-		}
-	}
-	return n, rows.Err()
 }
 
 // maintainLoop runs the dialect's table maintenance (creating partitions

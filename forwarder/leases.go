@@ -28,7 +28,7 @@ func (f *Forwarder) leaseLoop(ctx context.Context, ready chan<- struct{}) {
 		full := time.Since(lastRound) >= interval || f.short.Load()
 		if !full {
 			// Between renewals: only look whether the share changed.
-			n, err := queryInt(ctx, f.cfg.DB, f.cfg.Dialect.CountMembers())
+			n, err := f.cfg.Dialect.CountMembers(ctx, f.cfg.DB)
 			full = err == nil && n != members
 		}
 		if full {
@@ -61,16 +61,16 @@ func (f *Forwarder) leaseLoop(ctx context.Context, ready chan<- struct{}) {
 func (f *Forwarder) leaseRound(ctx context.Context) (int, error) {
 	d, db, id, ttl := f.cfg.Dialect, f.cfg.DB, f.cfg.InstanceID, f.cfg.LeaseTTL
 	start := time.Now()
-	if _, err := d.Heartbeat(id, ttl).Exec(ctx, db); err != nil {
-		return 0, fmt.Errorf("heartbeat: %w", d.ClassifyError(err))
+	if err := d.Heartbeat(ctx, db, id, ttl); err != nil {
+		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
-	members, err := queryInt(ctx, db, d.CountMembers())
+	members, err := d.CountMembers(ctx, db)
 	if err != nil {
-		return 0, fmt.Errorf("count members: %w", d.ClassifyError(err))
+		return 0, fmt.Errorf("count members: %w", err)
 	}
 	share := (f.cfg.Partitions + max(members, 1) - 1) / max(members, 1)
-	if _, err := d.RenewPartitions(id, ttl).Exec(ctx, db); err != nil {
-		return 0, fmt.Errorf("renew leases: %w", d.ClassifyError(err))
+	if err := d.RenewPartitions(ctx, db, id, ttl); err != nil {
+		return 0, fmt.Errorf("renew leases: %w", err)
 	}
 	owned, err := f.ownedPartitions(ctx)
 	if err != nil {
@@ -83,20 +83,20 @@ func (f *Forwarder) leaseRound(ctx context.Context) (int, error) {
 		// is being published.
 		extra := owned[share:]
 		if err := f.quiet(ctx, func() error {
-			if _, err := d.ReleasePartitions(id, extra).Exec(ctx, db); err != nil {
+			if err := d.ReleasePartitions(ctx, db, id, extra); err != nil {
 				return err
 			}
 			f.setOwned(owned[:share], start)
 			f.short.Store(false)
 			return nil
 		}); err != nil {
-			return 0, fmt.Errorf("release partitions: %w", d.ClassifyError(err))
+			return 0, fmt.Errorf("release partitions: %w", err)
 		}
 		f.cfg.Logger.Debug("millbox forwarder: released partitions", watermill.LogFields{"partitions": fmt.Sprint(extra)})
 		return members, nil
 	case len(owned) < share:
-		if _, err := d.ClaimPartitions(id, ttl, share-len(owned)).Exec(ctx, db); err != nil {
-			return 0, fmt.Errorf("claim partitions: %w", d.ClassifyError(err))
+		if err := d.ClaimPartitions(ctx, db, id, ttl, share-len(owned)); err != nil {
+			return 0, fmt.Errorf("claim partitions: %w", err)
 		}
 		if owned, err = f.ownedPartitions(ctx); err != nil {
 			return 0, err
@@ -125,20 +125,11 @@ func (f *Forwarder) quiet(ctx context.Context, fn func() error) error {
 }
 
 func (f *Forwarder) ownedPartitions(ctx context.Context) ([]int, error) {
-	rows, err := f.cfg.Dialect.OwnedPartitions(f.cfg.InstanceID).Query(ctx, f.cfg.DB)
+	owned, err := f.cfg.Dialect.OwnedPartitions(ctx, f.cfg.DB, f.cfg.InstanceID)
 	if err != nil {
-		return nil, fmt.Errorf("read leases: %w", f.cfg.Dialect.ClassifyError(err))
+		return nil, fmt.Errorf("read leases: %w", err)
 	}
-	defer rows.Close()
-	var owned []int
-	for rows.Next() {
-		var p int
-		if err := rows.Scan(&p); err != nil {
-			return nil, fmt.Errorf("read leases: %w", err)
-		}
-		owned = append(owned, p)
-	}
-	return owned, rows.Err()
+	return owned, nil
 }
 
 // setOwned records the leases. They count as valid until 90% of the TTL
@@ -167,11 +158,11 @@ func (f *Forwarder) leave() {
 	f.leaseMu.Unlock()
 	d := f.cfg.Dialect
 	if len(owned) > 0 {
-		if _, err := d.ReleasePartitions(f.cfg.InstanceID, owned).Exec(ctx, f.cfg.DB); err != nil {
+		if err := d.ReleasePartitions(ctx, f.cfg.DB, f.cfg.InstanceID, owned); err != nil {
 			f.cfg.Logger.Error("millbox forwarder: release partitions on close; they move after the lease TTL", err, nil)
 		}
 	}
-	if _, err := d.RemoveMember(f.cfg.InstanceID).Exec(ctx, f.cfg.DB); err != nil {
+	if err := d.RemoveMember(ctx, f.cfg.DB, f.cfg.InstanceID); err != nil {
 		f.cfg.Logger.Error("millbox forwarder: remove member on close", err, nil)
 	}
 }

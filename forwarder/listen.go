@@ -66,8 +66,7 @@ func (f *Forwarder) listenSession(ctx context.Context, arrived func()) error {
 		return err
 	}
 	f.signal() // covers notifications sent while nobody listened
-	prober, ok := f.cfg.Dialect.(notifyProber)
-	if !ok || f.cfg.NotifyProbeInterval < 0 {
+	if f.cfg.NotifyProbeInterval < 0 {
 		arrived()
 		return <-errc
 	}
@@ -79,7 +78,7 @@ func (f *Forwarder) listenSession(ctx context.Context, arrived func()) error {
 			return err
 		case <-next.C:
 		}
-		ended, err := f.probe(lctx, prober, got, errc, arrived)
+		ended, err := f.probe(lctx, got, errc, arrived)
 		if ended {
 			return err
 		}

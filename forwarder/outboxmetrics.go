@@ -29,8 +29,7 @@ type OutboxStats struct {
 	Backlog
 	// OldestPendingAge is the age of the oldest pending row by the
 	// database's clock, 0 when nothing is pending, and negative when the
-	// dialect cannot tell (it does not implement
-	// sqladapters.OutboxStatsDialect).
+	// database cannot tell.
 	OldestPendingAge time.Duration
 }
 
@@ -40,30 +39,11 @@ func ReadOutboxStats(ctx context.Context, db sqladapters.Executor, d sqladapters
 	if db == nil || d == nil {
 		return OutboxStats{}, errors.New("millbox: ReadOutboxStats needs a database and a dialect")
 	}
-	sd, ok := d.(sqladapters.OutboxStatsDialect)
-	if !ok {
-		b, err := OutboxBacklog(ctx, db, d)
-		return OutboxStats{Backlog: b, OldestPendingAge: -1}, err
-	}
-	rows, err := sd.OutboxStats().Query(ctx, db)
+	s, err := d.OutboxStats(ctx, db)
 	if err != nil {
-		return OutboxStats{}, fmt.Errorf("millbox: read outbox stats: %w", d.ClassifyError(err))
+		return OutboxStats{}, fmt.Errorf("millbox: read outbox stats: %w", err)
 	}
-	defer rows.Close()
-	var s OutboxStats
-	var ageMicros int64
-	if rows.Next() {
-		if err := rows.Scan(&s.Pending, &s.Dead, &ageMicros); err != nil {
-			return OutboxStats{}, fmt.Errorf("millbox: read outbox stats: %w", err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return OutboxStats{}, fmt.Errorf("millbox: read outbox stats: %w", d.ClassifyError(err))
-	}
-	// A row written a moment ago by a database whose clock steps back
-	// would show a negative age.
-	s.OldestPendingAge = max(time.Duration(ageMicros)*time.Microsecond, 0)
-	return s, nil
+	return OutboxStats{Backlog: Backlog{Pending: s.Pending, Dead: s.Dead}, OldestPendingAge: s.OldestPendingAge}, nil
 }
 
 // OutboxMetricsOptions configures RegisterOutboxMetrics.
@@ -95,7 +75,7 @@ func (o OutboxMetricsOptions) Validate() error {
 // of mp (otel.GetMeterProvider() when nil), with the attribute
 // millbox.outbox.table: MetricOutboxPending, MetricOutboxOldestPendingAge
 // and MetricOutboxDeadLetters. Each collection runs at most one cheap
-// statement on db (see sqladapters.OutboxStatsDialect), and none when the
+// statement on db (sqladapters.Dialect.OutboxStats), and none when the
 // last read is younger than MinInterval. A failed read is logged and its
 // collection reports nothing for this outbox.
 //

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-
-	"github.com/millbox/millbox/sqladapters"
 )
 
 // ErrNotificationsLost is reported through Hooks.OnError and Status when
@@ -23,13 +21,6 @@ var ErrNotificationsLost = errors.New("millbox: notifications do not arrive")
 // notification normally arrives within milliseconds.
 const notifyProbeTimeout = 2 * time.Second
 
-// notifyProber is a dialect that can notify its own channel
-// (postgres.Dialect with Options.Notify). Listeners wake for a probe as for
-// a commit: one extra read per probe and instance.
-type notifyProber interface {
-	NotifyProbe() sqladapters.Query
-}
-
 // probe checks that notifications reach the listener. Any notification
 // counts: one that arrives at all proves the listener's session receives
 // what other sessions send, so when one arrived since the last check no
@@ -40,14 +31,14 @@ type notifyProber interface {
 // report it); the listener's outcome with ended set when it returned
 // meanwhile (taken from errc); and an error naming the likely cause when
 // nothing arrived.
-func (f *Forwarder) probe(ctx context.Context, p notifyProber, got <-chan struct{}, errc <-chan error, arrived func()) (ended bool, err error) {
+func (f *Forwarder) probe(ctx context.Context, got <-chan struct{}, errc <-chan error, arrived func()) (ended bool, err error) {
 	select {
 	case <-got:
 		arrived()
 		return false, nil
 	default:
 	}
-	if _, err := p.NotifyProbe().Exec(ctx, f.cfg.DB); err != nil {
+	if err := f.cfg.Dialect.NotifyProbe(ctx, f.cfg.DB); err != nil {
 		return false, nil
 	}
 	t := time.NewTimer(notifyProbeTimeout)
@@ -115,15 +106,13 @@ func (w *notifyWatch) arrived() {
 // it moved (the sequence moves at insert, before commit). Without a
 // high-water mark or with watching off, the poll alone finds new rows.
 func (w *notifyWatch) start(ctx context.Context) {
-	hw, ok := w.f.cfg.Dialect.(sqladapters.HighWaterMark)
-	if !ok || w.f.cfg.WatchInterval <= 0 {
+	if !w.f.cfg.Dialect.Features().HighWaterMark || w.f.cfg.WatchInterval <= 0 {
 		return
 	}
 	ctx, w.cancel = context.WithCancel(ctx)
 	w.done = make(chan struct{})
 	go func() {
 		defer close(w.done)
-		q := hw.HighWaterMark()
 		last := int64(-1)
 		wait := w.f.cfg.WatchInterval
 		t := time.NewTimer(0)
@@ -134,7 +123,7 @@ func (w *notifyWatch) start(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			mark, err := queryInt64(ctx, w.f.cfg.DB, q)
+			mark, err := w.f.cfg.Dialect.HighWaterMark(ctx, w.f.cfg.DB)
 			switch {
 			case err != nil:
 				// The database is away: the reads report it; look less

@@ -9,7 +9,6 @@ import (
 	"hash/fnv"
 	"strings"
 	"sync/atomic"
-	"time"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -24,7 +23,7 @@ const (
 	// partitioning marshaler, so the key also becomes the Kafka message key.
 	DefaultKeyMetadataField = "partition_key"
 	// DefaultMaxPayloadBytes is the largest payload the publisher accepts,
-	// unless the dialect's MaxMessageBytes (see MessageLimiter) is lower.
+	// unless the dialect's MaxMessageBytes is lower.
 	DefaultMaxPayloadBytes = 8 << 20
 )
 
@@ -36,7 +35,7 @@ var (
 	// faithfully: nil, without UUID, with a topic, UUID or metadata that is
 	// not valid UTF-8 or holds a NUL byte, with a payload larger than
 	// MaxPayloadBytes, or larger as a whole than the dialect's
-	// MaxMessageBytes (see MessageLimiter). The error names the field and
+	// MaxMessageBytes (sqladapters.Dialect). The error names the field and
 	// the limit. Publish checks every message of a call before it writes
 	// any, so the caller's transaction stays usable.
 	ErrInvalidMessage = errors.New("millbox: invalid message")
@@ -67,8 +66,8 @@ type PublisherConfig struct {
 	// MaxPayloadBytes rejects larger payloads at write time, instead of
 	// letting the broker reject them later. Defaults to
 	// DefaultMaxPayloadBytes; a negative value disables the check. It
-	// cannot raise what the database stores: a dialect that implements
-	// MessageLimiter bounds every message, payload included, whatever
+	// cannot raise what the database stores: a dialect's MaxMessageBytes
+	// (MySQL/MariaDB) bounds every message, payload included, whatever
 	// this value is.
 	MaxPayloadBytes int
 	// Telemetry.Propagator stores the trace context of each message's
@@ -99,30 +98,6 @@ func (c PublisherConfig) Validate() error {
 		return fmt.Errorf("%w: PublisherConfig.Dialect is required (for example postgres.New(postgres.Options{}))", ErrInvalidConfig)
 	}
 	return nil
-}
-
-// MessageLimiter is implemented by a dialect whose database cannot store
-// messages of every size. Publish refuses a larger message with
-// ErrInvalidMessage before it writes anything, instead of letting the
-// database fail the write (or, on MySQL, close the connection).
-type MessageLimiter interface {
-	// MaxMessageBytes is the largest message the database stores,
-	// counting the bytes of its topic, UUID, payload, metadata (as JSON)
-	// and ordering key.
-	MaxMessageBytes() int
-}
-
-// Savepointer is implemented by a dialect whose database can undo part of
-// a transaction. When the messages of one Publish call take more than one
-// statement, Publish writes them under a savepoint and rolls back to it if
-// one statement fails: nothing of a failed call stays in the transaction,
-// which remains usable. A call of one statement needs none, as a statement
-// that fails writes nothing (Postgres then aborts the transaction, as it
-// does after any failed statement).
-type Savepointer interface {
-	// Savepoint returns the statements that set the savepoint, roll back
-	// to it and release it.
-	Savepoint() (set, rollback, release sqladapters.Query)
 }
 
 // Publisher writes messages into the outbox table inside a transaction.
@@ -233,52 +208,11 @@ func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string
 			return err
 		}
 	}
-	if err := p.insert(ctx, tx, rows); err != nil {
-		return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), p.cfg.Dialect.ClassifyError(err))
+	if err := p.cfg.Dialect.InsertOutbox(ctx, tx, rows); err != nil {
+		return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), err)
 	}
 	wake(p.cfg.Dialect.OutboxTable())
 	return nil
-}
-
-// insert runs the outbox insert of rows in tx. Several statements run under
-// a savepoint, so that a failure in a later one takes the earlier ones
-// back: the caller may go on with the transaction, and must not commit
-// half a call.
-func (p *Publisher) insert(ctx context.Context, tx sqladapters.Tx, rows []sqladapters.OutboxMessage) error {
-	qs := p.cfg.Dialect.InsertOutbox(rows)
-	sp, ok := p.cfg.Dialect.(Savepointer)
-	if len(qs) == 1 || !ok {
-		for _, q := range qs {
-			if _, err := q.Exec(ctx, tx); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	set, rollback, release := sp.Savepoint()
-	if _, err := set.Exec(ctx, tx); err != nil {
-		return err
-	}
-	for _, q := range qs {
-		if _, err := q.Exec(ctx, tx); err != nil {
-			return undo(ctx, tx, rollback, release, err)
-		}
-	}
-	_, err := release.Exec(ctx, tx)
-	return err
-}
-
-// undo rolls tx back to the savepoint after err and releases it. The
-// caller's context may be what failed the statement, so undo runs under a
-// fresh short timeout.
-func undo(ctx context.Context, tx sqladapters.Tx, rollback, release sqladapters.Query, err error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, rerr := rollback.Exec(ctx, tx); rerr != nil {
-		return fmt.Errorf("%w (rolling back to the savepoint failed too: %v)", err, rerr)
-	}
-	_, _ = release.Exec(ctx, tx)
-	return err
 }
 
 // txFor returns the bound transaction, or the one in the messages' context.
@@ -347,9 +281,9 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 		payload = []byte{}
 	}
 	key := m.Metadata.Get(p.cfg.KeyMetadataField)
-	if l, ok := p.cfg.Dialect.(MessageLimiter); ok {
+	if limit := p.cfg.Dialect.MaxMessageBytes(); limit > 0 {
 		size := len(topic) + len(m.UUID) + len(payload) + len(md) + len(key)
-		if limit := l.MaxMessageBytes(); size > limit {
+		if size > limit {
 			return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: %d bytes (payload %d, metadata %d, ordering key %d, topic and UUID %d) exceed the %s dialect's MaxMessageBytes %d",
 				ErrInvalidMessage, m.UUID, size, len(payload), len(md), len(key), len(topic)+len(m.UUID), p.cfg.Dialect.Name(), limit)
 		}

@@ -131,37 +131,20 @@ func (c *Cleaner) CleanOnce(ctx context.Context) (deleted int, err error) {
 	return c.clean(ctx, nil)
 }
 
-// RangeDeleter is implemented by a dialect whose deleted rows stay in the
-// received_at index until vacuum (Postgres). Its query deletes up to limit
-// rows received at or after from and before before, oldest first, and
-// returns one row: the number deleted and the latest received_at among
-// them (from when none). The cleaner starts each batch where the last one
-// ended, so a batch does not walk the index entries of the rows the
-// batches before it deleted: without that, each batch of a large cleaning
-// would take longer than the last.
-type RangeDeleter interface {
-	DeleteInboxRange(from, before time.Time, limit int) sqladapters.Query
-}
-
 func (c *Cleaner) clean(ctx context.Context, stop <-chan struct{}) (int, error) {
 	cutoff := time.Now().Add(-c.cfg.Retention)
-	rd, ranged := c.cfg.Dialect.(RangeDeleter)
-	q := c.cfg.Dialect.DeleteInboxBefore(cutoff, c.cfg.BatchSize)
-	// A row recorded by a transaction that began before from and
+	// Each batch starts where the last one ended, so that it does not
+	// walk the index entries of the rows deleted before it. A row
+	// recorded by a transaction that began before that point and
 	// committed after the batch passed it is left to the next round.
 	var from time.Time
 	deleted := 0
 	for {
-		var n int64
-		var err error
-		if ranged {
-			n, from, err = c.deleteRange(ctx, rd.DeleteInboxRange(from, cutoff, c.cfg.BatchSize))
-		} else {
-			n, err = q.Exec(ctx, c.cfg.DB)
-		}
+		n, next, err := c.cfg.Dialect.DeleteInbox(ctx, c.cfg.DB, from, cutoff, c.cfg.BatchSize)
 		if err != nil {
-			return deleted, fmt.Errorf("millbox: inbox: delete rows older than %v: %w", c.cfg.Retention, c.cfg.Dialect.ClassifyError(err))
+			return deleted, fmt.Errorf("millbox: inbox: delete rows older than %v: %w", c.cfg.Retention, err)
 		}
+		from = next
 		deleted += int(n)
 		if n < int64(c.cfg.BatchSize) {
 			return deleted, nil
@@ -174,25 +157,6 @@ func (c *Cleaner) clean(ctx context.Context, stop <-chan struct{}) (int, error) 
 		default:
 		}
 	}
-}
-
-// deleteRange runs a RangeDeleter's query and reads its row.
-func (c *Cleaner) deleteRange(ctx context.Context, q sqladapters.Query) (n int64, last time.Time, err error) {
-	rows, err := q.Query(ctx, c.cfg.DB)
-	if err != nil {
-		return 0, last, err
-	}
-	defer rows.Close()
-	if !rows.Next() {
-		if err := rows.Err(); err != nil {
-			return 0, last, err
-		}
-		return 0, last, errors.New("the delete returned no row")
-	}
-	if err := rows.Scan(&n, &last); err != nil {
-		return 0, last, err
-	}
-	return n, last, rows.Err()
 }
 
 // Run cleans right away and then every Interval until ctx ends or Close is

@@ -56,7 +56,7 @@
 // Cleaner deletes expired rows in batches of CleanerConfig.BatchSize, each
 // batch its own short statement, oldest first, so it never holds many locks
 // or a long transaction. On Postgres each batch starts where the previous
-// one ended (RangeDeleter), so a batch costs the same late in a cleaning of
-// millions of rows as at its start. Several cleaners may run against one
-// table.
+// one ended (see sqladapters.Dialect.DeleteInbox), so a batch costs the
+// same late in a cleaning of millions of rows as at its start. Several
+// cleaners may run against one table.
 package inbox

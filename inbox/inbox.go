@@ -85,34 +85,22 @@ func validateKeys(consumer, messageID string) error {
 }
 
 // record runs the inbox insert of valid keys in tx.
-func (i *Inbox) record(ctx context.Context, tx sqladapters.Tx, consumer, messageID string) (first bool, err error) {
-	n, err := i.d.InsertInbox(consumer, messageID).Exec(ctx, tx)
-	return i.outcome(n, err, consumer, messageID)
-}
-
-// outcome reads the result of an inbox insert: first when it added the
-// record, not first for a duplicate. A dialect may report the duplicate as
-// a unique violation instead of zero rows; either way the key was there.
-func (i *Inbox) outcome(n int64, err error, consumer, messageID string) (first bool, _ error) {
-	if err == nil {
-		first, err = rowsToFirst(n)
-	} else if err = i.d.ClassifyError(err); errors.Is(err, sqladapters.ErrDuplicate) {
-		return false, nil
-	}
+func (i *Inbox) record(ctx context.Context, tx sqladapters.Tx, consumer, messageID string) (bool, error) {
+	first, err := i.d.RecordInbox(ctx, tx, consumer, messageID)
 	if err != nil {
-		return false, fmt.Errorf("millbox: inbox: record message %q for consumer %q: %w", messageID, consumer, err)
+		return false, recordError(consumer, messageID, err)
 	}
 	return first, nil
 }
 
+func recordError(consumer, messageID string, err error) error {
+	return fmt.Errorf("millbox: inbox: record message %q for consumer %q: %w", messageID, consumer, err)
+}
+
 // BeginExecer is implemented by a sqladapters.DB that can begin a
 // transaction and run a first statement in it in one round trip, such as
-// pgxv5.DB. BeginExec returns the open transaction and the rows the
-// statement affected; when either statement fails it leaves no transaction
-// open.
-type BeginExecer interface {
-	BeginExec(ctx context.Context, opts sql.TxOptions, query string, args ...any) (tx sqladapters.Tx, rowsAffected int64, err error)
-}
+// pgxv5.DB.
+type BeginExecer = sqladapters.BeginExecer
 
 // BeginRecord begins a transaction on db with opts and records in it that
 // consumer has processed messageID, as Begin followed by Record would. On a
@@ -127,41 +115,11 @@ func (i *Inbox) BeginRecord(ctx context.Context, db sqladapters.DB, opts sql.TxO
 	if err := validateKeys(consumer, messageID); err != nil {
 		return nil, false, err
 	}
-	be, ok := db.(BeginExecer)
-	if !ok {
-		tx, err := db.Begin(ctx, opts)
-		if err != nil {
-			return nil, false, fmt.Errorf("millbox: inbox: begin transaction for message %q: %w", messageID, err)
-		}
-		first, err := i.record(ctx, tx, consumer, messageID)
-		if err != nil || !first {
-			sqladapters.Rollback(tx)
-			return nil, false, err
-		}
-		return tx, true, nil
+	tx, first, err = i.d.BeginRecordInbox(ctx, db, opts, consumer, messageID)
+	if err != nil {
+		return nil, false, recordError(consumer, messageID, err)
 	}
-	q := i.d.InsertInbox(consumer, messageID)
-	tx, n, err := be.BeginExec(ctx, opts, q.SQL, q.Args...)
-	// When BeginExec failed it has rolled back already and tx is nil.
-	if first, err = i.outcome(n, err, consumer, messageID); err != nil || !first {
-		if tx != nil {
-			sqladapters.Rollback(tx)
-		}
-		return nil, false, err
-	}
-	return tx, true, nil
-}
-
-// rowsToFirst reads the affected-rows count of the inbox insert: 1 for a
-// new key, 0 for a duplicate.
-func rowsToFirst(n int64) (bool, error) {
-	switch n {
-	case 1:
-		return true, nil
-	case 0:
-		return false, nil
-	}
-	return false, fmt.Errorf("insert affected %d rows, want 0 or 1", n)
+	return tx, first, nil
 }
 
 // ValidateKey checks a consumer name or message id the way Record does;

@@ -2,16 +2,16 @@ package integration_test
 
 import (
 	"context"
-	"database/sql"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/sqladapters"
 )
 
-// dialectOps runs a dialect's statements on a test database and fails the
-// test on any error.
+// dialectOps runs a dialect's operations, and plain SQL, on a test database
+// and fails the test on any error.
 type dialectOps struct {
 	t   *testing.T
 	ctx context.Context
@@ -66,47 +66,64 @@ func (o *dialectOps) insert(msgs ...sqladapters.OutboxMessage) []int64 {
 		}
 	}
 	before := o.ints(sqladapters.Query{SQL: `SELECT COALESCE(MAX(id), 0) FROM ` + o.d.OutboxTable()})[0]
-	for _, q := range o.d.InsertOutbox(msgs) {
-		o.exec(q)
+	if err := o.d.InsertOutbox(o.ctx, o.db, msgs); err != nil {
+		o.t.Fatal(err)
 	}
 	return o.ints(sqladapters.Query{SQL: `SELECT id FROM ` + o.d.OutboxTable() + ` WHERE id > ` + strconv.FormatInt(before, 10) + ` ORDER BY id`})
 }
 
-// pending returns the rows SelectPending returns, in order; Limit 0 reads
-// up to 1,000.
+// pending returns the rows ReadPending returns, in order; Limit 0 reads up
+// to 1,000.
 func (o *dialectOps) pending(q sqladapters.PendingQuery) []conformance.Row {
 	o.t.Helper()
 	if q.Limit == 0 {
 		q.Limit = 1000
 	}
-	rows, err := o.d.SelectPending(q).Query(o.ctx, o.db)
+	rows, err := o.d.ReadPending(o.ctx, o.db, q, false)
 	if err != nil {
-		o.t.Fatalf("%v", o.d.ClassifyError(err))
-	}
-	defer rows.Close()
-	var out []conformance.Row
-	for rows.Next() {
-		var r conformance.Row
-		var md []byte
-		var key sql.NullString
-		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &md, &key, &r.Attempts); err != nil {
-			o.t.Fatal(err)
-		}
-		r.Key = key.String
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
 		o.t.Fatal(err)
+	}
+	var out []conformance.Row
+	for _, p := range rows {
+		out = append(out, conformance.Row{ID: p.ID, Topic: p.Topic, UUID: p.UUID, Payload: p.Payload, Key: p.Key, Attempts: p.Attempts})
 	}
 	return out
 }
 
-// pendingIDs returns the ids of the rows SelectPending returns, in order.
-func (o *dialectOps) pendingIDs(q sqladapters.PendingQuery) []int64 {
+// check fails the test when err is not nil.
+func (o *dialectOps) check(err error) {
 	o.t.Helper()
-	var ids []int64
-	for _, r := range o.pending(q) {
-		ids = append(ids, r.ID)
+	if err != nil {
+		o.t.Fatal(err)
 	}
-	return ids
+}
+
+// fail records a failed attempt and returns the rows it changed.
+func (o *dialectOps) fail(f sqladapters.Failure) int64 {
+	o.t.Helper()
+	n, err := o.d.RecordFailure(o.ctx, o.db, f)
+	o.check(err)
+	return n
+}
+
+// tableOf returns the quoted name of the table of d whose name ends in
+// suffix, such as "_leases" or "_migrations".
+func tableOf(t *testing.T, d sqladapters.Dialect, suffix string) string {
+	t.Helper()
+	for _, table := range d.(interface{ Tables() []string }).Tables() {
+		if strings.HasSuffix(strings.Trim(table, "\"`"), suffix) {
+			return table
+		}
+	}
+	t.Fatalf("the %s dialect has no table ending in %s", d.Name(), suffix)
+	return ""
+}
+
+// uuidsOf lists the rows' UUIDs, space-separated.
+func uuidsOf(rows []conformance.Row) string {
+	uuids := make([]string, len(rows))
+	for i, r := range rows {
+		uuids[i] = r.UUID
+	}
+	return strings.Join(uuids, " ")
 }

@@ -154,7 +154,7 @@ func outboxMetricsSuite(t *testing.T, env conformance.Env) {
 	if len(rows) != n {
 		t.Fatalf("%d pending rows, want %d", len(rows), n)
 	}
-	if _, err := d.RecordFailure(sqladapters.Failure{ID: rows[0].ID, Attempts: 3, Error: "broker down", Dead: true}).Exec(ctx, env.DB); err != nil {
+	if _, err := d.RecordFailure(ctx, env.DB, sqladapters.Failure{ID: rows[0].ID, Attempts: 3, Error: "broker down", Dead: true}); err != nil {
 		t.Fatal(err)
 	}
 	if g = collectOutboxGauges(t, reader); g.pending != n-1 || g.dead != 1 {
@@ -164,7 +164,7 @@ func outboxMetricsSuite(t *testing.T, env conformance.Env) {
 	for _, r := range rows[1:] {
 		ids = append(ids, r.ID)
 	}
-	if _, err := d.CompleteForwarded(ids, false).Exec(ctx, env.DB); err != nil {
+	if _, err := d.CompleteForwarded(ctx, env.DB, ids, false); err != nil {
 		t.Fatal(err)
 	}
 	if g = collectOutboxGauges(t, reader); g.pending != 0 || g.dead != 1 || g.age != 0 {

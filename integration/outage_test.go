@@ -405,8 +405,8 @@ func commitMessages(ctx context.Context, db sqladapters.DB, d sqladapters.Dialec
 }
 
 // pendingReads is a sqladapters.DB that counts the statements that read
-// pending outbox rows (the dialect's SelectPending, or its variant that
-// also returns each row's age), on the DB and in its transactions.
+// pending outbox rows (the dialect's ReadPending), on the DB and in its
+// transactions.
 type pendingReads struct {
 	sqladapters.DB
 	prefixes []string
@@ -414,26 +414,41 @@ type pendingReads struct {
 }
 
 // countPendingReads wraps db. A pending read's text varies with the
-// partitions read and the limit; what every variant of a statement starts
-// with is found by building two that differ in both.
+// partitions read and the limit; what every variant of the statement starts
+// with is found by recording two that differ in both.
 func countPendingReads(db sqladapters.DB, d sqladapters.Dialect) *pendingReads {
-	selects := []func(sqladapters.PendingQuery) sqladapters.Query{d.SelectPending}
-	if ages, ok := d.(interface {
-		SelectPendingWithAge(sqladapters.PendingQuery) sqladapters.Query
-	}); ok {
-		selects = append(selects, ages.SelectPendingWithAge)
+	sel := func(q sqladapters.PendingQuery) string {
+		var rec statementRecorder
+		_, _ = d.ReadPending(context.Background(), &rec, q, false)
+		return rec.sql
 	}
-	p := &pendingReads{DB: db}
-	for _, sel := range selects {
-		a := sel(sqladapters.PendingQuery{Partitions: 16, Limit: 1}).SQL
-		b := sel(sqladapters.PendingQuery{Partitions: 16, Owned: []int{3}, Limit: 2}).SQL
-		n := 0
-		for n < min(len(a), len(b)) && a[n] == b[n] {
-			n++
-		}
-		p.prefixes = append(p.prefixes, a[:n])
+	a := sel(sqladapters.PendingQuery{Partitions: 16, Limit: 1})
+	b := sel(sqladapters.PendingQuery{Partitions: 16, Owned: []int{3}, Limit: 2})
+	n := 0
+	for n < min(len(a), len(b)) && a[n] == b[n] {
+		n++
 	}
-	return p
+	return &pendingReads{DB: db, prefixes: []string{a[:n]}}
+}
+
+// statementRecorder is an executor that records the first statement it is
+// given and fails it, to learn which statement a dialect runs.
+type statementRecorder struct{ sql string }
+
+var errRecorded = errors.New("recorded, not run")
+
+func (r *statementRecorder) Exec(_ context.Context, query string, _ ...any) (int64, error) {
+	if r.sql == "" {
+		r.sql = query
+	}
+	return 0, errRecorded
+}
+
+func (r *statementRecorder) Query(_ context.Context, query string, _ ...any) (sqladapters.Rows, error) {
+	if r.sql == "" {
+		r.sql = query
+	}
+	return nil, errRecorded
 }
 
 func (p *pendingReads) count(query string) {

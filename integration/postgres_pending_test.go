@@ -45,22 +45,13 @@ func TestPostgresPendingReadExcludes(t *testing.T) {
 					if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = `+mode); err != nil {
 						t.Fatal(err)
 					}
-					rows, err := d.SelectPending(q).Query(ctx, tx)
+					rows, err := d.ReadPending(ctx, tx, q, false)
 					if err != nil {
 						t.Fatal(err)
 					}
-					defer rows.Close()
 					got := ""
-					for rows.Next() {
-						var r sqladapters.OutboxRow
-						var key sql.NullString
-						if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts); err != nil {
-							t.Fatal(err)
-						}
+					for _, r := range rows {
 						got += " " + r.UUID
-					}
-					if err := rows.Err(); err != nil {
-						t.Fatal(err)
 					}
 					return got
 				}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -322,76 +321,4 @@ func TestPostgresForwarderConformanceLibPQ(t *testing.T) {
 
 func TestPostgresInboxConformance(t *testing.T) {
 	conformance.Inbox(t, pgEnv(t))
-}
-
-// TestPostgresPendingReadWithoutJIT runs the forwarder's read the way the
-// forwarder does while draining a backlog, with JIT forced on every plan
-// (jit_above_cost 0): the dialect's setup must keep JIT out of it. A
-// backlog of tens of thousands of rows crosses the default threshold, and
-// compiling the plan then costs far more than running it.
-func TestPostgresPendingReadWithoutJIT(t *testing.T) {
-	pool := testenv.Postgres(t)
-	db := pgxv5.WrapPool(pool)
-	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
-	ctx := testenv.Ctx(t, time.Minute)
-	msgs := make([]sqladapters.OutboxMessage, 100)
-	for i := range msgs {
-		msgs[i] = sqladapters.OutboxMessage{UUID: strconv.Itoa(i), Key: "k" + strconv.Itoa(i%3), KeyHash: int32(i % 3)}
-	}
-	(&dialectOps{t: t, ctx: ctx, db: db, d: d}).insert(msgs...)
-	var jitAvailable bool
-	if err := pool.QueryRow(ctx, `SELECT pg_jit_available()`).Scan(&jitAvailable); err != nil {
-		t.Fatal(err)
-	}
-	usesJIT := func(setup bool, q sqladapters.PendingQuery) bool {
-		t.Helper()
-		tx, err := db.Begin(ctx, sql.TxOptions{ReadOnly: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sqladapters.Rollback(tx)
-		stmts := []sqladapters.Query{{SQL: `SET LOCAL jit = on`}, {SQL: `SET LOCAL jit_above_cost = 0`}}
-		if setup {
-			stmts = append(stmts, d.PendingReadSetup()...)
-		}
-		for _, s := range stmts {
-			if _, err := s.Exec(ctx, tx); err != nil {
-				t.Fatalf("%s: %v", s.SQL, err)
-			}
-		}
-		sel := d.SelectPending(q)
-		rows, err := tx.Query(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sel.SQL, sel.Args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var plan string
-		for rows.Next() {
-			var part []byte
-			if err := rows.Scan(&part); err != nil {
-				t.Fatal(err)
-			}
-			plan += string(part)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return strings.Contains(plan, `"JIT"`)
-	}
-	for _, q := range []sqladapters.PendingQuery{
-		{Limit: 2000},
-		{Partitions: 16, Owned: []int{0, 1, 2}, Limit: 2000},
-	} {
-		if usesJIT(true, q) {
-			t.Fatalf("read with the dialect's setup was JIT-compiled (owned %v)", q.Owned)
-		}
-		// Without the setup the same read is compiled, so the check above
-		// can tell.
-		if jitAvailable && !usesJIT(false, q) {
-			t.Fatalf("control: read without the setup was not JIT-compiled (owned %v)", q.Owned)
-		}
-	}
-	if !jitAvailable {
-		t.Log("the server has no JIT provider; only the setup's statements were checked")
-	}
 }

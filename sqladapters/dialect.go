@@ -1,16 +1,26 @@
 package sqladapters
 
 import (
+	"context"
+	"database/sql"
 	"time"
 )
 
-// Dialect builds the SQL of one database for every millbox operation. It
-// never executes anything: callers run the returned Query values on an
-// Executor. A Dialect value also carries the validated table names, so one
-// value describes one millbox installation (outbox, leases, inbox).
+// Dialect is millbox's store contract for one database: every operation
+// the outbox publisher, the forwarder, the inbox and the operations tools
+// run on the database. Each method executes its own SQL on the Executor or
+// DB it is given, scans the rows, and maps the driver's errors to millbox's
+// (a missing table is a *MissingTableError that says how to migrate, a
+// unique-key violation wraps ErrDuplicate), so its callers never build SQL
+// or inspect driver errors.
 //
-// Implementations: sqladapters/postgres, sqladapters/mysql,
-// sqladapters/sqlite.
+// A Dialect value also carries the validated table names, so one value
+// describes one millbox installation (outbox, leases, inbox). Choosing a
+// database is one constructor: postgres.New, mysql.New or sqlite.New.
+//
+// Dialect is implemented by millbox's own database packages
+// (sqladapters/postgres, sqladapters/mysql, sqladapters/sqlite) and may
+// gain methods in any release: use it, do not implement it.
 type Dialect interface {
 	// Name is a short name of the database, such as "postgres".
 	Name() string
@@ -20,15 +30,124 @@ type Dialect interface {
 	OutboxTable() string
 	// InboxTable is the quoted, qualified name of the inbox table.
 	InboxTable() string
-	// ClassifyError maps a driver error to millbox's errors: a missing
-	// table becomes a *MissingTableError, a unique-key violation wraps
-	// ErrDuplicate. Other errors are returned unchanged.
+	// NotifyChannel is the channel the outbox insert notifies on commit,
+	// or "" when it does not (see postgres.Options.Notify).
+	NotifyChannel() string
+	// ClassifyError maps a driver error from a statement on this
+	// database to millbox's errors, for code that runs SQL of its own
+	// next to millbox's (such as the change-data-capture reader). It is
+	// idempotent and returns nil for nil.
 	ClassifyError(err error) error
 
-	MigrationDialect
-	OutboxDialect
-	ForwarderDialect
-	InboxDialect
+	// Migrations lists the schema's migrations in version order, for
+	// MigrationSQL.
+	Migrations() []Migration
+	// Migrate applies the missing migrations in tx, under a lock that
+	// serializes concurrent migrators. Use the Migrate and MigrateTx
+	// functions.
+	Migrate(ctx context.Context, tx Tx) error
+
+	// MaxMessageBytes is the largest message the database stores,
+	// counting its topic, UUID, payload, metadata (as JSON) and ordering
+	// key; 0 when only MaxPayloadBytes limits it.
+	MaxMessageBytes() int
+	// InsertOutbox writes msgs in tx, in order: ids grow with the
+	// position in msgs. When it fails, nothing of msgs stays in tx (a
+	// call of several statements runs under a savepoint); on Postgres
+	// the transaction is aborted as after any failed statement when the
+	// call took one statement.
+	InsertOutbox(ctx context.Context, tx Executor, msgs []OutboxMessage) error
+
+	// ReadPending returns up to q.Limit rows the forwarder may publish
+	// next, in id order, leaving out q.Exclude. A row whose key has an
+	// earlier row waiting for a retry is not returned: that keeps per-key
+	// order while a key backs off. backlog tells that the previous read
+	// was full, which on some databases runs the read with settings for
+	// large tables (in a read-only transaction when e is a DB).
+	ReadPending(ctx context.Context, e Executor, q PendingQuery, backlog bool) ([]OutboxRow, error)
+	// CompleteForwarded removes published rows, or stamps them published
+	// when keep is true, and reports how many it changed.
+	CompleteForwarded(ctx context.Context, e Executor, ids []int64, keep bool) (int64, error)
+	// RecordFailure stores a failed attempt and reports the rows changed
+	// (0 when the row is gone).
+	RecordFailure(ctx context.Context, e Executor, f Failure) (int64, error)
+	// HighWaterMark returns a number that grows when a row is inserted
+	// (the position of the outbox's id sequence). It fails with
+	// errors.ErrUnsupported where Features().HighWaterMark is false.
+	HighWaterMark(ctx context.Context, e Executor) (int64, error)
+	// NotifyProbe notifies the outbox's channel, so that a listener can
+	// check that notifications arrive. It fails with
+	// errors.ErrUnsupported when NotifyChannel is "".
+	NotifyProbe(ctx context.Context, e Executor) error
+	// OutboxStats counts the pending and dead rows and, where the
+	// database can tell, the age of the oldest pending row.
+	OutboxStats(ctx context.Context, e Executor) (OutboxStats, error)
+	// ListDeadLetters returns up to limit dead rows with id > afterID, in
+	// id order.
+	ListDeadLetters(ctx context.Context, e Executor, afterID int64, limit int) ([]DeadLetter, error)
+	// RequeueDeadLetters makes the given dead rows pending again with zero
+	// attempts (every dead row when ids is nil) and reports how many.
+	RequeueDeadLetters(ctx context.Context, e Executor, ids []int64) (int64, error)
+
+	// EnsurePartitions creates the lease rows 0..n-1 that are missing.
+	EnsurePartitions(ctx context.Context, e Executor, n int) error
+	// CountPartitions returns the number of lease rows.
+	CountPartitions(ctx context.Context, e Executor) (int, error)
+	// Heartbeat records that instance is alive for ttl.
+	Heartbeat(ctx context.Context, e Executor, instance string, ttl time.Duration) error
+	// CountMembers returns the number of live instances.
+	CountMembers(ctx context.Context, e Executor) (int, error)
+	// RemoveMember deletes instance and every expired member.
+	RemoveMember(ctx context.Context, e Executor, instance string) error
+	// ClaimPartitions gives instance up to max partitions that are free or
+	// whose lease expired, for ttl.
+	ClaimPartitions(ctx context.Context, e Executor, instance string, ttl time.Duration, max int) error
+	// RenewPartitions extends the unexpired leases of instance by ttl.
+	RenewPartitions(ctx context.Context, e Executor, instance string, ttl time.Duration) error
+	// OwnedPartitions returns the partitions instance holds unexpired
+	// leases on, ascending.
+	OwnedPartitions(ctx context.Context, e Executor, instance string) ([]int, error)
+	// ReleasePartitions frees the given partitions of instance.
+	ReleasePartitions(ctx context.Context, e Executor, instance string, partitions []int) error
+
+	// RecordInbox records in tx that consumer processed messageID: true
+	// the first time, false for a duplicate. Under concurrency it waits
+	// for a transaction holding the same key and reports a duplicate if
+	// that one committed.
+	RecordInbox(ctx context.Context, tx Executor, consumer, messageID string) (first bool, err error)
+	// BeginRecordInbox begins a transaction on db and records the message
+	// in it, in one round trip where db implements BeginExecer. It
+	// returns the open transaction and true the first time; for a
+	// duplicate, or on error, no transaction is left open.
+	BeginRecordInbox(ctx context.Context, db DB, opts sql.TxOptions, consumer, messageID string) (Tx, bool, error)
+	// DeleteInbox deletes up to limit inbox records received before
+	// before, oldest first, and returns how many and where the next batch
+	// may start: a batch that starts where the last one ended does not
+	// walk the index entries of the rows deleted before it. Pass the zero
+	// time as from the first time.
+	DeleteInbox(ctx context.Context, e Executor, from, before time.Time, limit int) (n int64, next time.Time, err error)
+}
+
+// OutboxStats is the size of an outbox.
+type OutboxStats struct {
+	// Pending rows wait to be published, including rows waiting for a
+	// retry after a failure.
+	Pending int64
+	// Dead rows exhausted their attempts.
+	Dead int64
+	// OldestPendingAge is the age of the pending row with the lowest id
+	// by the database's clock (it stands in for the oldest row so that
+	// the age costs one index lookup), 0 when nothing is pending, and
+	// negative when the database cannot tell.
+	OldestPendingAge time.Duration
+}
+
+// BeginExecer is implemented by a DB that can begin a transaction and run
+// a first statement in it in one round trip, such as pgxv5.DB. BeginExec
+// returns the open transaction and the rows the statement affected; when
+// either statement fails it leaves no transaction open.
+type BeginExecer interface {
+	BeginExec(ctx context.Context, opts sql.TxOptions, query string, args ...any) (tx Tx, rowsAffected int64, err error)
 }
 
 // Features records the honest differences between databases.
@@ -45,13 +164,16 @@ type Features struct {
 	// ConcurrentWriters is false when the database serializes all write
 	// transactions (SQLite).
 	ConcurrentWriters bool
-	// ExcludeInSQL is true when SelectPending applies
-	// PendingQuery.Exclude. All three databases do: Postgres hashes the
-	// list once per read (NOT IN over a subquery), MySQL and SQLite get
-	// it inline. Where it is false the forwarder reads that many more
-	// rows and drops those in flight, which costs the database and the
-	// forwarder the transfer of rows it already holds.
+	// ExcludeInSQL is true when the pending read leaves out
+	// PendingQuery.Exclude in SQL. All three databases do: Postgres
+	// hashes the list once per read (NOT IN over a subquery), MySQL and
+	// SQLite get it inline. Where it is false, ReadPending reads that many
+	// more rows and drops those in flight itself.
 	ExcludeInSQL bool
+	// HighWaterMark is true when Dialect.HighWaterMark is supported: a
+	// forwarder without notifications then watches it every
+	// Config.WatchInterval and reads the outbox only when it moved.
+	HighWaterMark bool
 }
 
 // Migration is one versioned step of the millbox schema.
@@ -59,23 +181,6 @@ type Migration struct {
 	Version    int
 	Name       string
 	Statements []string
-}
-
-// MigrationDialect builds the SQL that creates and upgrades millbox's tables.
-type MigrationDialect interface {
-	// Migrations lists every migration in version order.
-	Migrations() []Migration
-	// LockMigrations returns the statement that serializes concurrent
-	// migrators (an advisory lock) and the one that releases it. Unlock is
-	// a zero Query when the lock ends with the transaction.
-	LockMigrations() (lock, unlock Query)
-	// CreateMigrationsTable creates the table recording applied versions
-	// (and the schema holding it, where the database has schemas).
-	CreateMigrationsTable() []Query
-	// AppliedMigrations selects the applied versions (one int column).
-	AppliedMigrations() Query
-	// RecordMigration records version as applied.
-	RecordMigration(version int, name string) Query
 }
 
 // OutboxMessage is one message as the outbox publisher stores it.
@@ -92,15 +197,6 @@ type OutboxMessage struct {
 	KeyHash int32
 }
 
-// OutboxDialect builds the outbox insert.
-type OutboxDialect interface {
-	// InsertOutbox inserts msgs (at least one) in as few statements as the
-	// database's parameter limit allows, in order: ids grow with the
-	// position in msgs. When the database supports it, the statement also
-	// wakes listening forwarders on commit.
-	InsertOutbox(msgs []OutboxMessage) []Query
-}
-
 // OutboxRow is an outbox row as read by the forwarder.
 type OutboxRow struct {
 	ID       int64
@@ -111,7 +207,7 @@ type OutboxRow struct {
 	Key      string
 	Attempts int
 	// Age is how old the row was when it was read (by the database's
-	// clock), when the dialect reports it (PendingAges); else zero.
+	// clock), where the database reports it; else zero.
 	Age time.Duration
 }
 
@@ -122,8 +218,6 @@ type PendingQuery struct {
 	Partitions int
 	Owned      []int
 	// Exclude lists ids not to return: rows the forwarder has in flight.
-	// A dialect whose Features().ExcludeInSQL is false ignores it; the
-	// caller then raises Limit by len(Exclude) and drops them itself.
 	Exclude []int64
 	Limit   int
 }
@@ -146,90 +240,4 @@ type DeadLetter struct {
 	LastError string
 	CreatedAt time.Time
 	DeadAt    time.Time
-}
-
-// HighWaterMark is implemented by a dialect that can tell cheaply whether
-// rows were added to the outbox: the query returns one integer that grows
-// when a row is inserted (the position of the outbox's id sequence). A
-// forwarder without notifications runs it every Config.WatchInterval and
-// reads the outbox only when it changed.
-type HighWaterMark interface {
-	HighWaterMark() Query
-}
-
-// PendingAges is implemented by a dialect that can return each pending
-// row's age with it: SelectPendingWithAge returns SelectPending's columns
-// and an eighth, the row's age in microseconds by the database's clock.
-type PendingAges interface {
-	SelectPendingWithAge(q PendingQuery) Query
-}
-
-// PendingReadSetup is implemented by a dialect whose reads of a large
-// backlog need transaction-local settings. While draining a backlog (after
-// a read that filled its batch) the forwarder runs SelectPending in a
-// read-only transaction, after the statements PendingReadSetup returns;
-// shorter reads run on their own, without the transaction's round trips.
-type PendingReadSetup interface {
-	PendingReadSetup() []Query
-}
-
-// ForwarderDialect builds the SQL the forwarder and its operations API run.
-//
-// Pending rows are returned in id order, and a row whose key has an earlier
-// row waiting for a retry is not returned: that keeps per-key order while a
-// key is backing off.
-type ForwarderDialect interface {
-	// SelectPending returns columns id, topic, uuid, payload, metadata,
-	// key (NULL when empty), attempts, in id order.
-	SelectPending(q PendingQuery) Query
-	// CompleteForwarded removes published rows, or marks them published
-	// when keep is true.
-	CompleteForwarded(ids []int64, keep bool) Query
-	// RecordFailure stores a failed attempt.
-	RecordFailure(f Failure) Query
-	// ListDeadLetters returns columns id, topic, uuid, payload, metadata,
-	// key, attempts, last_error, created_at, dead_at of dead rows with
-	// id > afterID, in id order.
-	ListDeadLetters(afterID int64, limit int) Query
-	// CountOutbox selects two int columns: the number of pending rows
-	// (including rows waiting for a retry) and of dead rows.
-	CountOutbox() Query
-	// RequeueDeadLetters makes dead rows pending again with zero attempts.
-	// ids == nil requeues every dead row.
-	RequeueDeadLetters(ids []int64) Query
-	// NotifyChannel is the channel the outbox insert notifies on commit,
-	// or "" when the database has no notifications.
-	NotifyChannel() string
-
-	// EnsurePartitions creates lease rows 0..n-1 when missing.
-	EnsurePartitions(n int) []Query
-	// CountPartitions selects the number of lease rows (one int column).
-	CountPartitions() Query
-	// Heartbeat records that instance is alive for ttl.
-	Heartbeat(instance string, ttl time.Duration) Query
-	// CountMembers selects the number of live instances (one int column).
-	CountMembers() Query
-	// RemoveMember deletes instance and every expired member.
-	RemoveMember(instance string) Query
-	// ClaimPartitions gives instance up to max partitions that are free or
-	// whose lease expired, for ttl.
-	ClaimPartitions(instance string, ttl time.Duration, max int) Query
-	// RenewPartitions extends the unexpired leases of instance by ttl.
-	RenewPartitions(instance string, ttl time.Duration) Query
-	// OwnedPartitions selects the partitions instance holds unexpired
-	// leases on (one int column), ascending.
-	OwnedPartitions(instance string) Query
-	// ReleasePartitions frees the given partitions of instance.
-	ReleasePartitions(instance string, partitions []int) Query
-}
-
-// InboxDialect builds the SQL of the inbox.
-type InboxDialect interface {
-	// InsertInbox records (consumer, messageID). It affects one row the
-	// first time and zero rows for a duplicate. Under concurrency it
-	// waits for a transaction holding the same key and then reports
-	// duplicate if that transaction committed.
-	InsertInbox(consumer, messageID string) Query
-	// DeleteInboxBefore deletes at most limit rows received before t.
-	DeleteInboxBefore(t time.Time, limit int) Query
 }

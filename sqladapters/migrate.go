@@ -51,74 +51,11 @@ func MigrateTx(ctx context.Context, tx Tx, d Dialect) error {
 	return migrate(ctx, tx, d)
 }
 
-func migrate(ctx context.Context, tx Tx, d Dialect) (err error) {
-	lock, unlock := d.LockMigrations()
-	if lock.SQL != "" {
-		if _, err := lock.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("millbox: take migration lock: %w", err)
-		}
-		if unlock.SQL != "" {
-			// A lock that outlives the transaction (MySQL's GET_LOCK
-			// belongs to the connection) must be released on failure too,
-			// or the pooled connection keeps it and blocks every later
-			// migrator.
-			defer func() {
-				if err != nil {
-					uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-					defer cancel()
-					_, _ = unlock.Exec(uctx, tx)
-				}
-			}()
-		}
-	}
-	for _, q := range d.CreateMigrationsTable() {
-		if _, err := q.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("millbox: create migrations table: %w", err)
-		}
-	}
-	applied, err := appliedVersions(ctx, tx, d)
-	if err != nil {
-		return err
-	}
-	for _, m := range d.Migrations() {
-		if applied[m.Version] {
-			continue
-		}
-		for _, stmt := range m.Statements {
-			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("millbox: migration %d (%s): %w", m.Version, m.Name, err)
-			}
-		}
-		if _, err := d.RecordMigration(m.Version, m.Name).Exec(ctx, tx); err != nil {
-			return fmt.Errorf("millbox: record migration %d: %w", m.Version, err)
-		}
-	}
-	if unlock.SQL != "" {
-		if _, err := unlock.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("millbox: release migration lock: %w", err)
-		}
+func migrate(ctx context.Context, tx Tx, d Dialect) error {
+	if err := d.Migrate(ctx, tx); err != nil {
+		return fmt.Errorf("millbox: %w", err)
 	}
 	return nil
-}
-
-func appliedVersions(ctx context.Context, e Executor, d Dialect) (map[int]bool, error) {
-	rows, err := d.AppliedMigrations().Query(ctx, e)
-	if err != nil {
-		return nil, fmt.Errorf("millbox: read applied migrations: %w", err)
-	}
-	defer rows.Close()
-	applied := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return nil, fmt.Errorf("millbox: read applied migrations: %w", err)
-		}
-		applied[v] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("millbox: read applied migrations: %w", err)
-	}
-	return applied, nil
 }
 
 // MigrationSQL returns the schema statements Migrate applies, version by

@@ -41,7 +41,7 @@ type Unwrapper interface {
 	Unwrap() any
 }
 
-// Query is one SQL statement with its arguments, as built by a Dialect.
+// Query is one SQL statement with its arguments.
 type Query struct {
 	SQL  string
 	Args []any

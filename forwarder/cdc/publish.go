@@ -187,10 +187,10 @@ func (f *Forwarder) recordFailure(row *streamRow, cause error) (dead bool, err e
 	ctx, cancel := context.WithTimeout(context.Background(), max(f.cfg.CloseTimeout, 5*time.Second))
 	defer cancel()
 	for i := 0; ; i++ {
-		n, err := f.cfg.Dialect.RecordFailure(fail).Exec(ctx, f.cfg.DB)
+		n, err := f.cfg.Dialect.RecordFailure(ctx, f.cfg.DB, fail)
 		if err != nil || n > 0 || row.tx == nil || i == 100 {
 			// Not found after a while: the row is gone.
-			return dead, f.cfg.Dialect.ClassifyError(err)
+			return dead, err
 		}
 		// The stream may deliver a transaction a moment before its rows
 		// are visible to other sessions.

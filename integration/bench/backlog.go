@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -349,10 +350,13 @@ func (b *backlogBench) explain(ctx context.Context) error {
 	for i := range owned {
 		owned[i] = i
 	}
-	q := b.d.SelectPending(sqladapters.PendingQuery{
+	q, err := capturePendingRead(ctx, b.d, sqladapters.PendingQuery{
 		Partitions: forwarder.DefaultPartitions, Owned: owned,
 		Limit: orDefault(b.o.batch, forwarder.DefaultBatchSize),
 	})
+	if err != nil {
+		return err
+	}
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		tx, err := b.pool.Begin(ctx)
 		if err != nil {
@@ -403,3 +407,36 @@ func (p *firstPublisher) Publish(_ string, msgs ...*message.Message) error {
 func (p *firstPublisher) Close() error { return nil }
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// capturePendingRead returns the statement d runs for a pending read of q:
+// it hands d an executor that records the statement instead of running it.
+func capturePendingRead(ctx context.Context, d sqladapters.Dialect, q sqladapters.PendingQuery) (sqladapters.Query, error) {
+	var rec recorder
+	_, _ = d.ReadPending(ctx, &rec, q, false)
+	if rec.q.SQL == "" {
+		return rec.q, errors.New("the dialect ran no statement for the pending read")
+	}
+	return rec.q, nil
+}
+
+// recorder is an executor that records the first statement it is given
+// and fails it.
+type recorder struct{ q sqladapters.Query }
+
+var errRecorded = errors.New("recorded, not run")
+
+func (r *recorder) Exec(_ context.Context, query string, args ...any) (int64, error) {
+	r.record(query, args)
+	return 0, errRecorded
+}
+
+func (r *recorder) Query(_ context.Context, query string, args ...any) (sqladapters.Rows, error) {
+	r.record(query, args)
+	return nil, errRecorded
+}
+
+func (r *recorder) record(query string, args []any) {
+	if r.q.SQL == "" {
+		r.q = sqladapters.Query{SQL: query, Args: args}
+	}
+}

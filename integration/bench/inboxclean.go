@@ -99,9 +99,9 @@ FROM generate_series($1::bigint, $2::bigint) g`, int64(done), int64(done+c-1), s
 	timed := &timedDB{DB: db}
 	var cd sqladapters.Dialect = d
 	if os.Getenv("INBOXCLEAN_BEFORE_ONLY") == "1" {
-		// Every batch through DeleteInboxBefore, from the oldest row.
+		// Every batch from the oldest row.
 		cd = beforeOnly{d}
-		fmt.Println("cleaner without inbox.RangeDeleter: every batch starts at the oldest row")
+		fmt.Println("cleaner without range deletes: every batch starts at the oldest row")
 	}
 	cl, err := inbox.NewCleaner(inbox.CleanerConfig{DB: timed, Dialect: cd})
 	if err != nil {
@@ -135,8 +135,13 @@ FROM generate_series($1::bigint, $2::bigint) g`, int64(done), int64(done+c-1), s
 	return nil
 }
 
-// beforeOnly hides a dialect's inbox.RangeDeleter.
+// beforeOnly starts every batch of deletes at the oldest row, as a cleaner
+// without range deletes would.
 type beforeOnly struct{ sqladapters.Dialect }
+
+func (b beforeOnly) DeleteInbox(ctx context.Context, e sqladapters.Executor, _, before time.Time, limit int) (int64, time.Time, error) {
+	return b.Dialect.DeleteInbox(ctx, e, time.Time{}, before, limit)
+}
 
 // inboxConsumer records new messages in their own transactions at a steady
 // pace and keeps their latencies.

@@ -97,27 +97,17 @@ type Row struct {
 // ReadPending returns every pending row of d in id order.
 func ReadPending(t testing.TB, ctx context.Context, db sqladapters.Executor, d sqladapters.Dialect) []Row {
 	t.Helper()
-	rows, err := d.SelectPending(sqladapters.PendingQuery{Limit: 1 << 30}).Query(ctx, db)
+	rows, err := d.ReadPending(ctx, db, sqladapters.PendingQuery{Limit: 1 << 30}, false)
 	if err != nil {
-		t.Fatalf("select pending: %v", d.ClassifyError(err))
+		t.Fatalf("read pending: %v", err)
 	}
-	defer rows.Close()
 	var out []Row
-	for rows.Next() {
-		var r Row
-		var md []byte
-		var key sql.NullString
-		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &md, &key, &r.Attempts); err != nil {
-			t.Fatalf("scan pending: %v", err)
-		}
-		r.Key = key.String
-		if err := json.Unmarshal(md, &r.Metadata); err != nil {
-			t.Fatalf("metadata %q is not JSON: %v", md, err)
+	for _, p := range rows {
+		r := Row{ID: p.ID, Topic: p.Topic, UUID: p.UUID, Payload: p.Payload, Key: p.Key, Attempts: p.Attempts}
+		if err := json.Unmarshal(p.Metadata, &r.Metadata); err != nil {
+			t.Fatalf("metadata %q is not JSON: %v", p.Metadata, err)
 		}
 		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("read pending: %v", err)
 	}
 	return out
 }

@@ -485,17 +485,15 @@ func Forwarder(t *testing.T, env Env) {
 		for i := range rows {
 			rows[i].Topic, rows[i].Payload, rows[i].Metadata = "t", []byte{}, []byte("{}")
 		}
-		for _, q := range d.InsertOutbox(rows) {
-			if _, err := q.Exec(ctx, env.DB); err != nil {
-				t.Fatal(d.ClassifyError(err))
-			}
+		if err := d.InsertOutbox(ctx, env.DB, rows); err != nil {
+			t.Fatal(err)
 		}
 		pending := ReadPending(t, ctx, env.DB, d)
 		if len(pending) != 3 {
 			t.Fatalf("%d rows pending, want 3", len(pending))
 		}
-		if _, err := d.RecordFailure(sqladapters.Failure{ID: pending[0].ID, Attempts: 1, Error: "down", Backoff: time.Hour}).Exec(ctx, env.DB); err != nil {
-			t.Fatal(d.ClassifyError(err))
+		if _, err := d.RecordFailure(ctx, env.DB, sqladapters.Failure{ID: pending[0].ID, Attempts: 1, Error: "down", Backoff: time.Hour}); err != nil {
+			t.Fatal(err)
 		}
 		pending = ReadPending(t, ctx, env.DB, d)
 		if len(pending) != 1 || pending[0].UUID != "x1" {

@@ -881,8 +881,8 @@ func inboxProduce(t *testing.T, env Env) {
 	}
 }
 
-// countingDB counts the statements run through Exec or Query (a dialect
-// implementing inbox.RangeDeleter deletes through Query).
+// countingDB counts the statements run through Exec or Query (a range
+// delete of the inbox runs through Query).
 type countingDB struct {
 	sqladapters.DB
 	execs atomic.Int64

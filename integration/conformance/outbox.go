@@ -453,9 +453,9 @@ func outboxSuite(t *testing.T, env Env, src TxSource) {
 // value of the limit that sets it, as its errors spell them.
 func PayloadLimit(d sqladapters.Dialect, topic, uuid string) (int, string) {
 	limit, name := forwarder.DefaultMaxPayloadBytes, fmt.Sprint("MaxPayloadBytes ", forwarder.DefaultMaxPayloadBytes)
-	if l, ok := d.(forwarder.MessageLimiter); ok {
-		if room := l.MaxMessageBytes() - len(topic) - len(uuid) - len("{}"); room < limit {
-			limit, name = room, fmt.Sprint("MaxMessageBytes ", l.MaxMessageBytes())
+	if m := d.MaxMessageBytes(); m > 0 {
+		if room := m - len(topic) - len(uuid) - len("{}"); room < limit {
+			limit, name = room, fmt.Sprint("MaxMessageBytes ", m)
 		}
 	}
 	return limit, name

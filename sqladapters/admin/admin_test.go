@@ -111,29 +111,18 @@ func (f *fixture) seed(t *testing.T, topic, errText string, n int) {
 		msgs[i] = sqladapters.OutboxMessage{Topic: topic, UUID: topic + "-" + string(rune('a'+i)),
 			Payload: []byte(`{"note":"<script>alert(1)</script>"}`), Metadata: []byte(`{}`)}
 	}
-	for _, q := range f.dialect.InsertOutbox(msgs) {
-		if _, err := q.Exec(ctx, f.db); err != nil {
-			t.Fatal(err)
-		}
+	if err := f.dialect.InsertOutbox(ctx, f.db, msgs); err != nil {
+		t.Fatal(err)
 	}
-	rows, err := f.dialect.SelectPending(sqladapters.PendingQuery{Limit: 1000}).Query(ctx, f.db)
+	rows, err := f.dialect.ReadPending(ctx, f.db, sqladapters.PendingQuery{Limit: 1000}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ids []int64
-	for rows.Next() {
-		var r sqladapters.OutboxRow
-		var key any
-		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts); err != nil {
-			t.Fatal(err)
+	for _, r := range rows {
+		if r.Topic != topic {
+			continue
 		}
-		if r.Topic == topic {
-			ids = append(ids, r.ID)
-		}
-	}
-	rows.Close()
-	for _, id := range ids {
-		if _, err := f.dialect.RecordFailure(sqladapters.Failure{ID: id, Attempts: 1, Error: errText, Dead: true}).Exec(ctx, f.db); err != nil {
+		if _, err := f.dialect.RecordFailure(ctx, f.db, sqladapters.Failure{ID: r.ID, Attempts: 1, Error: errText, Dead: true}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -141,16 +130,11 @@ func (f *fixture) seed(t *testing.T, topic, errText string, n int) {
 
 func (f *fixture) count(t *testing.T) (pending, dead int64) {
 	t.Helper()
-	rows, err := f.dialect.CountOutbox().Query(context.Background(), f.db)
+	st, err := f.dialect.OutboxStats(context.Background(), f.db)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	rows.Next()
-	if err := rows.Scan(&pending, &dead); err != nil {
-		t.Fatal(err)
-	}
-	return pending, dead
+	return st.Pending, st.Dead
 }
 
 func (f *fixture) get(t *testing.T, path string) (int, string) {

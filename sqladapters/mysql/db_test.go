@@ -16,6 +16,7 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
 	"github.com/millbox/millbox/sqladapters/internal/dialecttest/mysqltest"
+	"github.com/millbox/millbox/sqladapters/internal/storetest"
 	"github.com/millbox/millbox/sqladapters/mysql"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
@@ -29,164 +30,68 @@ func dsnVariants(t *testing.T) map[string]string {
 	}
 }
 
-// TestMySQLDialectOnServer runs every statement the dialect builds against
-// the server, with both protocols and both claim variants, and checks what
-// the simple ones return.
-func TestMySQLDialectOnServer(t *testing.T) {
-	for proto, dsn := range dsnVariants(t) {
-		for _, skip := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/SkipLocked=%v", proto, skip), func(t *testing.T) {
-				t.Parallel()
-				raw := mysqltest.Open(t, dsn)
-				db := stdsql.WrapDB(raw)
-				ctx := dialecttest.Ctx(t, time.Minute)
-				d := mysqltest.Dialect(t, raw, mysql.Options{SkipLocked: skip})
-
-				exec := func(q sqladapters.Query) int64 {
-					t.Helper()
-					n, err := q.Exec(ctx, db)
-					if err != nil {
-						t.Fatalf("%s: %v", q.SQL, d.ClassifyError(err))
-					}
-					return n
-				}
-				queryInts := func(q sqladapters.Query) []int64 {
-					t.Helper()
-					rows, err := q.Query(ctx, db)
-					if err != nil {
-						t.Fatalf("%s: %v", q.SQL, err)
-					}
-					defer rows.Close()
-					var out []int64
-					for rows.Next() {
-						var v int64
-						if err := rows.Scan(&v); err != nil {
-							t.Fatal(err)
-						}
-						out = append(out, v)
-					}
-					if err := rows.Err(); err != nil {
-						t.Fatal(err)
-					}
-					return out
-				}
-
-				payload := make([]byte, 256)
-				for i := range payload {
-					payload[i] = byte(i)
-				}
-				msgs := []sqladapters.OutboxMessage{
-					{Topic: "t", UUID: "a", Payload: payload, Metadata: []byte(`{"emoji":"😀","q":"'\"\\"}`), Key: "k", KeyHash: 5},
-					{Topic: "t", UUID: "b", Payload: nil, Metadata: nil},
-				}
-				for _, q := range d.InsertOutbox(msgs) {
-					exec(q)
-				}
-				rows, err := d.SelectPending(sqladapters.PendingQuery{Limit: 10}).Query(ctx, db)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var got []sqladapters.OutboxRow
-				for rows.Next() {
-					var r sqladapters.OutboxRow
-					var key sql.NullString
-					if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts); err != nil {
-						t.Fatal(err)
-					}
-					r.Key = key.String
-					got = append(got, r)
-				}
-				rows.Close()
-				if len(got) != 2 || string(got[0].Payload) != string(payload) || string(got[0].Metadata) != string(msgs[0].Metadata) ||
-					got[0].Key != "k" || got[1].Payload == nil || len(got[1].Payload) != 0 || string(got[1].Metadata) != "{}" || got[1].Key != "" {
-					t.Fatalf("rows read back: %+v", got)
-				}
-
-				exec(d.RecordFailure(sqladapters.Failure{ID: got[0].ID, Attempts: 1, Error: "boom \xff", Dead: true}))
-				dl, err := d.ListDeadLetters(0, 10).Query(ctx, db)
-				if err != nil {
-					t.Fatal(err)
-				}
-				var dead sqladapters.DeadLetter
-				var key sql.NullString
-				if !dl.Next() {
-					t.Fatal("no dead letter")
-				}
-				if err := dl.Scan(&dead.ID, &dead.Topic, &dead.UUID, &dead.Payload, &dead.Metadata, &key, &dead.Attempts,
-					&dead.LastError, &dead.CreatedAt, &dead.DeadAt); err != nil {
-					t.Fatal(err)
-				}
-				dl.Close()
-				if dead.ID != got[0].ID || dead.LastError != "boom \uFFFD" || dead.Attempts != 1 ||
-					time.Since(dead.CreatedAt).Abs() > time.Minute || dead.DeadAt.Before(dead.CreatedAt) || dead.CreatedAt.Location() != time.UTC {
-					t.Fatalf("dead letter %+v", dead)
-				}
-				if n := exec(d.RequeueDeadLetters([]int64{})); n != 0 {
-					t.Fatalf("requeue of no ids changed %d rows", n)
-				}
-				if n := exec(d.RequeueDeadLetters(nil)); n != 1 {
-					t.Fatalf("requeue all changed %d rows", n)
-				}
-				exec(d.CompleteForwarded([]int64{got[0].ID}, true))
-				exec(d.CompleteForwarded([]int64{got[1].ID}, false))
-				exec(d.CompleteForwarded(nil, false))
-				if ids := queryInts(d.SelectPending(sqladapters.PendingQuery{Limit: 10})); len(ids) != 0 {
-					t.Fatalf("pending after completion: %v", ids)
-				}
-
-				for _, q := range d.EnsurePartitions(4) {
-					exec(q)
-				}
-				for _, q := range d.EnsurePartitions(4) { // idempotent
-					exec(q)
-				}
-				if n := queryInts(d.CountPartitions()); n[0] != 4 {
-					t.Fatalf("%d partitions", n[0])
-				}
-				long := strings.Repeat("i", 300) // stored as its digest
-				for _, inst := range []string{"a", long} {
-					exec(d.Heartbeat(inst, time.Minute))
-					exec(d.Heartbeat(inst, time.Minute))
-				}
-				if n := queryInts(d.CountMembers()); n[0] != 2 {
-					t.Fatalf("%d members", n[0])
-				}
-				if n := exec(d.ClaimPartitions("a", time.Minute, 3)); n != 3 {
-					t.Fatalf("claimed %d", n)
-				}
-				if n := exec(d.ClaimPartitions(long, time.Minute, 3)); n != 1 {
-					t.Fatalf("second instance claimed %d", n)
-				}
-				if p := queryInts(d.OwnedPartitions(long)); fmt.Sprint(p) != "[3]" {
-					t.Fatalf("long instance owns %v", p)
-				}
-				if n := exec(d.RenewPartitions("a", time.Minute)); n != 3 {
-					t.Fatalf("renewed %d", n)
-				}
-				exec(d.ReleasePartitions("a", []int{0, 2}))
-				exec(d.ReleasePartitions("a", nil))
-				if p := queryInts(d.OwnedPartitions("a")); fmt.Sprint(p) != "[1]" {
-					t.Fatalf("owns %v after release", p)
-				}
-				exec(d.RemoveMember(long))
-				if n := queryInts(d.CountMembers()); n[0] != 1 {
-					t.Fatalf("%d members after remove", n[0])
-				}
-
-				if n := exec(d.InsertInbox("c", "m")); n != 1 {
-					t.Fatalf("first insert affected %d", n)
-				}
-				if n := exec(d.InsertInbox("c", "m")); n != 0 {
-					t.Fatalf("duplicate insert affected %d", n)
-				}
-				if n := exec(d.DeleteInboxBefore(time.Now().Add(-time.Hour), 10)); n != 0 {
-					t.Fatalf("deleted %d recent rows", n)
-				}
-				if n := exec(d.DeleteInboxBefore(time.Now().Add(time.Minute), 10)); n != 1 {
-					t.Fatalf("deleted %d old rows", n)
-				}
+// TestStore runs the store contract's suite with both protocols, and
+// with both claim variants where the server has SKIP LOCKED.
+func TestStore(t *testing.T) {
+	skip, err := mysql.DetectSkipLocked(dialecttest.Ctx(t, time.Minute), stdsql.WrapDB(mysqltest.DB(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		proto string
+		opts  mysql.Options
+	}{
+		{"prepared", mysql.Options{}},
+		{"interpolate", mysql.Options{SkipLocked: skip}},
+	} {
+		t.Run(fmt.Sprintf("%s/SkipLocked=%v", c.proto, c.opts.SkipLocked), func(t *testing.T) {
+			raw := mysqltest.Open(t, dsnVariants(t)[c.proto])
+			storetest.Run(t, storetest.Setup{
+				DB:    stdsql.WrapDB(raw),
+				New:   func(t *testing.T) sqladapters.Dialect { return mysqltest.Fresh(t, raw, c.opts) },
+				InUse: func() int { return raw.Stats().InUse },
 			})
-		}
+		})
+	}
+}
+
+// TestMySQLValuesOnServer checks what MySQL stores differently from the
+// other databases: a nil payload and metadata, metadata kept byte for byte,
+// an error that is not UTF-8, and times in UTC.
+func TestMySQLValuesOnServer(t *testing.T) {
+	for proto, dsn := range dsnVariants(t) {
+		t.Run(proto, func(t *testing.T) {
+			raw := mysqltest.Open(t, dsn)
+			db := stdsql.WrapDB(raw)
+			ctx := dialecttest.Ctx(t, time.Minute)
+			d := mysqltest.Dialect(t, raw, mysql.Options{})
+			msgs := []sqladapters.OutboxMessage{
+				{Topic: "t", UUID: "a", Payload: []byte{0, 1, 2}, Metadata: []byte(`{"emoji":"😀","q":"'\"\\"}`), Key: "k", KeyHash: 5},
+				{Topic: "t", UUID: "b", Payload: nil, Metadata: nil},
+			}
+			if err := d.InsertOutbox(ctx, db, msgs); err != nil {
+				t.Fatal(err)
+			}
+			got, err := d.ReadPending(ctx, db, sqladapters.PendingQuery{Limit: 10}, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 2 || string(got[0].Metadata) != string(msgs[0].Metadata) ||
+				got[1].Payload == nil || len(got[1].Payload) != 0 || string(got[1].Metadata) != "{}" || got[1].Key != "" {
+				t.Fatalf("rows read back: %+v", got)
+			}
+			if _, err := d.RecordFailure(ctx, db, sqladapters.Failure{ID: got[0].ID, Attempts: 1, Error: "boom \xff", Dead: true}); err != nil {
+				t.Fatal(err)
+			}
+			dls, err := d.ListDeadLetters(ctx, db, 0, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(dls) != 1 || dls[0].LastError != "boom \uFFFD" || time.Since(dls[0].CreatedAt).Abs() > time.Minute ||
+				dls[0].CreatedAt.Location() != time.UTC || dls[0].DeadAt.Location() != time.UTC {
+				t.Fatalf("dead letters %+v", dls)
+			}
+		})
 	}
 }
 
@@ -203,13 +108,13 @@ func TestMySQLInboxKeysAreExact(t *testing.T) {
 		{"c", long}, {"c", long[:1023] + "n"}, {"c", long[:600]}, {strings.Repeat("c", 1024), "abc"},
 	}
 	for _, k := range keys {
-		if n, err := d.InsertInbox(k[0], k[1]).Exec(ctx, db); err != nil || n != 1 {
-			t.Fatalf("%.20q/%.20q first insert: %d, %v", k[0], k[1], n, err)
+		if first, err := d.RecordInbox(ctx, db, k[0], k[1]); err != nil || !first {
+			t.Fatalf("%.20q/%.20q first record: %v, %v", k[0], k[1], first, err)
 		}
 	}
 	for _, k := range keys {
-		if n, err := d.InsertInbox(k[0], k[1]).Exec(ctx, db); err != nil || n != 0 {
-			t.Fatalf("%.20q/%.20q duplicate: %d, %v", k[0], k[1], n, err)
+		if first, err := d.RecordInbox(ctx, db, k[0], k[1]); err != nil || first {
+			t.Fatalf("%.20q/%.20q duplicate: first=%v, %v", k[0], k[1], first, err)
 		}
 	}
 }
@@ -236,28 +141,24 @@ func TestMySQLInboxConcurrentDuplicate(t *testing.T) {
 				first, second := begin(), begin()
 				// The second transaction takes its snapshot before the
 				// first inserts, the case REPEATABLE READ makes hard.
-				snap, err := d.CountMembers().Query(ctx, stdsql.WrapTx(second))
-				if err != nil {
+				if _, err := d.CountMembers(ctx, stdsql.WrapTx(second)); err != nil {
 					t.Fatal(err)
 				}
-				for snap.Next() {
-				}
-				snap.Close()
-				if n, err := d.InsertInbox("c", id).Exec(ctx, stdsql.WrapTx(first)); err != nil || n != 1 {
-					t.Fatalf("first: %d, %v", n, err)
+				if ok, err := d.RecordInbox(ctx, stdsql.WrapTx(first), "c", id); err != nil || !ok {
+					t.Fatalf("first: %v, %v", ok, err)
 				}
 				type result struct {
-					n   int64
-					err error
+					first bool
+					err   error
 				}
 				done := make(chan result, 1)
 				go func() {
-					n, err := d.InsertInbox("c", id).Exec(ctx, stdsql.WrapTx(second))
-					done <- result{n, err}
+					ok, err := d.RecordInbox(ctx, stdsql.WrapTx(second), "c", id)
+					done <- result{ok, err}
 				}()
 				select {
 				case r := <-done:
-					t.Fatalf("second insert did not wait for the first transaction: %d, %v", r.n, r.err)
+					t.Fatalf("second insert did not wait for the first transaction: %v, %v", r.first, r.err)
 				case <-time.After(300 * time.Millisecond):
 				}
 				if commit {
@@ -268,12 +169,8 @@ func TestMySQLInboxConcurrentDuplicate(t *testing.T) {
 					t.Fatal(err)
 				}
 				r := <-done
-				want := int64(0)
-				if !commit {
-					want = 1
-				}
-				if r.err != nil || r.n != want {
-					t.Fatalf("second insert after the first %s: %d, %v; want %d", map[bool]string{true: "committed", false: "rolled back"}[commit], r.n, r.err, want)
+				if r.err != nil || r.first == commit {
+					t.Fatalf("second insert after the first %s: first=%v, %v", map[bool]string{true: "committed", false: "rolled back"}[commit], r.first, r.err)
 				}
 				if err := second.Commit(); err != nil {
 					t.Fatal(err)
@@ -286,7 +183,7 @@ func TestMySQLInboxConcurrentDuplicate(t *testing.T) {
 // lockFree reports whether the migration lock of d is free.
 func lockFree(t *testing.T, ctx context.Context, raw *sql.DB, d *mysql.Dialect) bool {
 	t.Helper()
-	db := d.Database()
+	db := d.Options().Database
 	if db == "" {
 		if err := raw.QueryRowContext(ctx, `SELECT DATABASE()`).Scan(&db); err != nil {
 			t.Fatal(err)
@@ -313,7 +210,7 @@ func TestMySQLMigrationLock(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer holder.Close()
-		lock, unlock := d.LockMigrations()
+		lock, unlock := dialecttest.Builder(d).LockMigrations()
 		if _, err := holder.ExecContext(ctx, lock.SQL, lock.Args...); err != nil {
 			t.Fatal(err)
 		}
@@ -340,7 +237,7 @@ func TestMySQLMigrationLock(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		lock, unlock := d.LockMigrations()
+		lock, unlock := dialecttest.Builder(d).LockMigrations()
 		for range 2 { // an interrupted run left the lock, then a new run takes it
 			if _, err := conn.ExecContext(ctx, lock.SQL, lock.Args...); err != nil {
 				t.Fatal(err)
@@ -381,8 +278,8 @@ func TestMySQLClassifyErrorFromServer(t *testing.T) {
 	missing := mysql.MustNew(mysql.Options{OutboxTable: dialecttest.UniqueName("missing_")})
 	missingDB := mysql.MustNew(mysql.Options{Database: dialecttest.UniqueName("nodb_")})
 	for _, d := range []*mysql.Dialect{missing, missingDB} {
-		_, err := d.InsertOutbox([]sqladapters.OutboxMessage{{Topic: "t", UUID: "u"}})[0].Exec(ctx, db)
-		if err = d.ClassifyError(err); !errors.Is(err, sqladapters.ErrMissingTable) || !strings.Contains(err.Error(), "sqladapters.Migrate") {
+		err := d.InsertOutbox(ctx, db, []sqladapters.OutboxMessage{{Topic: "t", UUID: "u"}})
+		if !errors.Is(err, sqladapters.ErrMissingTable) || !strings.Contains(err.Error(), "sqladapters.Migrate") {
 			t.Fatalf("want ErrMissingTable, got %v", err)
 		}
 	}
@@ -408,7 +305,7 @@ func TestMySQLDetectSkipLocked(t *testing.T) {
 	// Whatever the answer, the server must accept the SKIP LOCKED claim
 	// exactly when DetectSkipLocked says so.
 	d := mysqltest.Dialect(t, raw, mysql.Options{SkipLocked: true})
-	_, err = d.ClaimPartitions("a", time.Second, 1).Exec(ctx, stdsql.WrapDB(raw))
+	err = d.ClaimPartitions(ctx, stdsql.WrapDB(raw), "a", time.Second, 1)
 	if has != (err == nil) {
 		t.Fatalf("DetectSkipLocked %v, SKIP LOCKED claim: %v", has, err)
 	}
@@ -424,10 +321,8 @@ func TestMySQLSkipLockedClaimDoesNotWait(t *testing.T) {
 		t.Skipf("server without SKIP LOCKED (%v)", err)
 	}
 	d := mysqltest.Dialect(t, raw, mysql.Options{SkipLocked: true})
-	for _, q := range d.EnsurePartitions(4) {
-		if _, err := q.Exec(ctx, db); err != nil {
-			t.Fatal(err)
-		}
+	if err := d.EnsurePartitions(ctx, db, 4); err != nil {
+		t.Fatal(err)
 	}
 	tx, err := raw.BeginTx(ctx, nil)
 	if err != nil {
@@ -439,9 +334,11 @@ func TestMySQLSkipLockedClaimDoesNotWait(t *testing.T) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	n, err := d.ClaimPartitions("b", time.Minute, 4).Exec(cctx, db)
-	if err != nil || n != 3 {
-		t.Fatalf("claim next to a locked row: %d, %v", n, err)
+	if err := d.ClaimPartitions(cctx, db, "b", time.Minute, 4); err != nil {
+		t.Fatalf("claim next to a locked row: %v", err)
+	}
+	if owned, err := d.OwnedPartitions(cctx, db, "b"); err != nil || len(owned) != 3 {
+		t.Fatalf("claimed %v next to a locked row, want the 3 others: %v", owned, err)
 	}
 }
 
@@ -462,35 +359,26 @@ func TestMySQLLargeInsert(t *testing.T) {
 			for i := range msgs {
 				msgs[i] = sqladapters.OutboxMessage{Topic: "big", UUID: fmt.Sprint(i), Payload: payload, Metadata: []byte("{}")}
 			}
-			qs := d.InsertOutbox(msgs)
-			if len(qs) < 3 {
-				t.Fatalf("%d statements for 3 MB", len(qs))
+			if n := len(dialecttest.Builder(d).InsertOutbox(msgs)); n < 3 {
+				t.Fatalf("%d statements for 3 MB", n)
 			}
 			tx, err := db.Begin(ctx, sql.TxOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, q := range qs {
-				if _, err := q.Exec(ctx, tx); err != nil {
-					sqladapters.Rollback(tx)
-					t.Fatal(err)
-				}
+			if err := d.InsertOutbox(ctx, tx, msgs); err != nil {
+				sqladapters.Rollback(tx)
+				t.Fatal(err)
 			}
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
-			rows, err := d.SelectPending(sqladapters.PendingQuery{Limit: 100}).Query(ctx, db)
+			rows, err := d.ReadPending(ctx, db, sqladapters.PendingQuery{Limit: 100}, false)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer rows.Close()
 			i, last := 0, int64(0)
-			for rows.Next() {
-				var r sqladapters.OutboxRow
-				var key sql.NullString
-				if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts); err != nil {
-					t.Fatal(err)
-				}
+			for _, r := range rows {
 				if r.UUID != fmt.Sprint(i) || r.ID <= last || string(r.Payload) != string(payload) {
 					t.Fatalf("row %d: uuid %s id %d after %d, payload intact %v", i, r.UUID, r.ID, last, string(r.Payload) == string(payload))
 				}
@@ -525,43 +413,37 @@ func TestMySQLTimesIgnoreSessionTimeZone(t *testing.T) {
 	east, west := open(9), open(-5)
 	ctx := dialecttest.Ctx(t, time.Minute)
 	d := mysqltest.Dialect(t, mysqltest.DB(t), mysql.Options{})
-	run := func(db sqladapters.DB, q sqladapters.Query) int64 {
+	check := func(err error) {
 		t.Helper()
-		n, err := q.Exec(ctx, db)
-		if err != nil {
-			t.Fatalf("%s: %v", q.SQL, err)
-		}
-		return n
-	}
-	count := func(db sqladapters.DB, q sqladapters.Query) int {
-		t.Helper()
-		rows, err := q.Query(ctx, db)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer rows.Close()
-		n := 0
-		for rows.Next() {
-			n++
-		}
-		return n
 	}
-	for _, q := range d.EnsurePartitions(4) {
-		run(east, q)
+	check(d.EnsurePartitions(ctx, east, 4))
+	check(d.Heartbeat(ctx, east, "a", time.Minute))
+	check(d.ClaimPartitions(ctx, east, "a", time.Minute, 4))
+	owned, err := d.OwnedPartitions(ctx, west, "a")
+	check(err)
+	if len(owned) != 4 {
+		t.Fatalf("the western session sees %d of a's 4 leases", len(owned))
 	}
-	run(east, d.Heartbeat("a", time.Minute))
-	run(east, d.ClaimPartitions("a", time.Minute, 4))
-	if n := count(west, d.OwnedPartitions("a")); n != 4 {
-		t.Fatalf("the western session sees %d of a's 4 leases", n)
+	check(d.ClaimPartitions(ctx, west, "b", time.Minute, 4))
+	if owned, err := d.OwnedPartitions(ctx, east, "b"); err != nil || len(owned) != 0 {
+		t.Fatalf("the western session took unexpired leases %v (%v)", owned, err)
 	}
-	if n := run(west, d.ClaimPartitions("b", time.Minute, 4)); n != 0 {
-		t.Fatalf("the western session took %d unexpired leases", n)
+	if members, err := d.CountMembers(ctx, west); err != nil || members != 1 {
+		t.Fatalf("the western session counts %d live members (%v)", members, err)
 	}
-	run(east, d.InsertInbox("c", "m"))
-	if n := run(west, d.DeleteInboxBefore(time.Now().Add(-time.Minute), 10)); n != 0 {
+	_, err = d.RecordInbox(ctx, east, "c", "m")
+	check(err)
+	n, _, err := d.DeleteInbox(ctx, west, time.Time{}, time.Now().Add(-time.Minute), 10)
+	check(err)
+	if n != 0 {
 		t.Fatalf("cleanup deleted %d fresh rows", n)
 	}
-	if n := run(west, d.DeleteInboxBefore(time.Now().Add(time.Minute), 10)); n != 1 {
+	n, _, err = d.DeleteInbox(ctx, west, time.Time{}, time.Now().Add(time.Minute), 10)
+	check(err)
+	if n != 1 {
 		t.Fatalf("cleanup deleted %d old rows", n)
 	}
 }

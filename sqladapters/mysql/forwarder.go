@@ -26,7 +26,7 @@ const (
 // Both indexes are forced. The optimizer, going by statistics, would
 // otherwise scan the whole table for the check of every row (retry_idx
 // holds mostly NULLs), or walk the primary key over dead and kept rows.
-func (d *Dialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
 	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o FORCE INDEX (state_idx)
 WHERE o.state = ` + statePending + ` AND o.next_attempt_at <= ` + now)
@@ -50,7 +50,7 @@ ORDER BY o.id LIMIT ?`)
 }
 
 // CompleteForwarded deletes published rows, or stamps published_at.
-func (d *Dialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
+func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
 	where := ` WHERE ` + idIn("id", ids)
 	if keep {
 		return sqladapters.Query{SQL: `UPDATE ` + d.outbox + ` SET published_at = ` + now + where}
@@ -67,7 +67,7 @@ func idIn[T int | int64](col string, ids []T) string {
 }
 
 // RecordFailure stores the attempt count, error and next attempt time.
-func (d *Dialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
+func (d *sqlDialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
 	dead := `NULL`
 	if f.Dead {
 		dead = now
@@ -96,7 +96,7 @@ func cleanText(s string, limit int) string {
 func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
 
 // ListDeadLetters pages through dead rows.
-func (d *Dialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `SELECT ` + rowColumns + `, COALESCE(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
 WHERE o.state = ` + stateDead + ` AND o.id > ? ORDER BY o.id LIMIT ?`,
@@ -106,7 +106,7 @@ WHERE o.state = ` + stateDead + ` AND o.id > ? ORDER BY o.id LIMIT ?`,
 
 // RequeueDeadLetters makes dead rows pending again. Their last error stays
 // until they are published.
-func (d *Dialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
+func (d *sqlDialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
 	q := `UPDATE ` + d.outbox + ` SET dead_at = NULL, attempts = 0, next_attempt_at = ` + now + ` WHERE state = ` + stateDead
 	if ids == nil {
 		return sqladapters.Query{SQL: q}
@@ -121,7 +121,7 @@ const partitionsPerInsert = 1000
 // EnsurePartitions creates the missing lease rows. INSERT IGNORE is safe
 // here: the only value is an integer that cannot be truncated, so the only
 // error it ignores is the duplicate key it is meant to ignore.
-func (d *Dialect) EnsurePartitions(n int) []sqladapters.Query {
+func (d *sqlDialect) EnsurePartitions(n int) []sqladapters.Query {
 	var qs []sqladapters.Query
 	for start := 0; start < n; start += partitionsPerInsert {
 		var b strings.Builder
@@ -140,14 +140,14 @@ func (d *Dialect) EnsurePartitions(n int) []sqladapters.Query {
 }
 
 // CountPartitions counts the lease rows.
-func (d *Dialect) CountPartitions() sqladapters.Query {
+func (d *sqlDialect) CountPartitions() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT COUNT(*) FROM ` + d.leases}
 }
 
 // Heartbeat upserts the member row of instance. The new expiry is spelled
 // out twice rather than through VALUES(), which MySQL 8 deprecates, or a
 // row alias, which MariaDB lacks.
-func (d *Dialect) Heartbeat(instance string, ttl time.Duration) sqladapters.Query {
+func (d *sqlDialect) Heartbeat(instance string, ttl time.Duration) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at) VALUES (?, ` + nowPlus + `)
 ON DUPLICATE KEY UPDATE expires_at = ` + nowPlus,
@@ -156,12 +156,12 @@ ON DUPLICATE KEY UPDATE expires_at = ` + nowPlus,
 }
 
 // CountMembers counts live instances.
-func (d *Dialect) CountMembers() sqladapters.Query {
+func (d *sqlDialect) CountMembers() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT COUNT(*) FROM ` + d.members + ` WHERE expires_at > ` + now}
 }
 
 // RemoveMember deletes instance and expired members.
-func (d *Dialect) RemoveMember(instance string) sqladapters.Query {
+func (d *sqlDialect) RemoveMember(instance string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `DELETE FROM ` + d.members + ` WHERE instance = ? OR expires_at <= ` + now,
 		Args: []any{fitKey(instance, maxOwnerBytes)},
@@ -183,7 +183,7 @@ func (d *Dialect) RemoveMember(instance string) sqladapters.Query {
 // updates, and STRAIGHT_JOIN with the primary key makes the UPDATE visit
 // only the picked rows: a scan of the table would lock, and wait for,
 // every row.
-func (d *Dialect) ClaimPartitions(instance string, ttl time.Duration, max int) sqladapters.Query {
+func (d *sqlDialect) ClaimPartitions(instance string, ttl time.Duration, max int) sqladapters.Query {
 	const part = "`partition`"
 	free := `owner IS NULL OR expires_at IS NULL OR expires_at <= ` + now
 	if d.opts.SkipLocked {
@@ -203,7 +203,7 @@ WHERE ` + free + ` ORDER BY ` + part + ` LIMIT ?`,
 }
 
 // RenewPartitions extends the unexpired leases of instance.
-func (d *Dialect) RenewPartitions(instance string, ttl time.Duration) sqladapters.Query {
+func (d *sqlDialect) RenewPartitions(instance string, ttl time.Duration) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `UPDATE ` + d.leases + ` SET expires_at = ` + nowPlus + ` WHERE owner = ? AND expires_at > ` + now,
 		Args: []any{micros(ttl), fitKey(instance, maxOwnerBytes)},
@@ -211,7 +211,7 @@ func (d *Dialect) RenewPartitions(instance string, ttl time.Duration) sqladapter
 }
 
 // OwnedPartitions selects the partitions instance holds.
-func (d *Dialect) OwnedPartitions(instance string) sqladapters.Query {
+func (d *sqlDialect) OwnedPartitions(instance string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  "SELECT `partition` FROM " + d.leases + " WHERE owner = ? AND expires_at > " + now + " ORDER BY `partition`",
 		Args: []any{fitKey(instance, maxOwnerBytes)},
@@ -219,7 +219,7 @@ func (d *Dialect) OwnedPartitions(instance string) sqladapters.Query {
 }
 
 // ReleasePartitions frees partitions of instance.
-func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapters.Query {
+func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `UPDATE ` + d.leases + ` SET owner = NULL, expires_at = NULL WHERE owner = ? AND ` + idIn("`partition`", partitions),
 		Args: []any{fitKey(instance, maxOwnerBytes)},
@@ -227,7 +227,7 @@ func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapte
 }
 
 // CountOutbox counts pending and dead rows.
-func (d *Dialect) CountOutbox() sqladapters.Query {
+func (d *sqlDialect) CountOutbox() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + statePending + `),
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + stateDead + `)`}
@@ -237,7 +237,7 @@ func (d *Dialect) CountOutbox() sqladapters.Query {
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.
-func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
 	s := d.SelectPending(q)
 	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
 	return s
@@ -245,6 +245,6 @@ func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Q
 
 // HighWaterMark returns the largest id in the outbox: InnoDB reads the
 // primary key's last leaf.
-func (d *Dialect) HighWaterMark() sqladapters.Query {
+func (d *sqlDialect) HighWaterMark() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT COALESCE(MAX(id), 0) FROM ` + d.outbox}
 }

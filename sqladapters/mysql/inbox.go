@@ -26,7 +26,7 @@ import (
 // inserter rolls back, InnoDB resolves their insert race with a deadlock
 // error (1213) for all but one of them; the inbox middleware then rolls
 // back and the message is redelivered, which finds the key committed.
-func (d *Dialect) InsertInbox(consumer, messageID string) sqladapters.Query {
+func (d *sqlDialect) InsertInbox(consumer, messageID string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `INSERT IGNORE INTO ` + d.inbox + ` (consumer, message_id, received_at) VALUES (?, ?, ` + now + `)`,
 		Args: []any{fitKey(consumer, maxConsumerBytes), fitKey(messageID, maxMessageIDBytes)},
@@ -36,7 +36,7 @@ func (d *Dialect) InsertInbox(consumer, messageID string) sqladapters.Query {
 // DeleteInboxBefore deletes up to limit rows received before t, oldest
 // first, through received_idx. t is sent as UTC text, so the driver's loc
 // setting cannot shift it.
-func (d *Dialect) DeleteInboxBefore(t time.Time, limit int) sqladapters.Query {
+func (d *sqlDialect) DeleteInboxBefore(t time.Time, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `DELETE FROM ` + d.inbox + ` WHERE received_at < ? ORDER BY received_at LIMIT ?`,
 		Args: []any{t.UTC().Format(timeLayout), limit},

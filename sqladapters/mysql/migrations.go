@@ -18,7 +18,7 @@ const tableOptions = ` ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
 // runs it again. Every statement is therefore idempotent: CREATE TABLE IF
 // NOT EXISTS with the indexes inline (MySQL has no CREATE INDEX IF NOT
 // EXISTS).
-func (d *Dialect) Migrations() []sqladapters.Migration {
+func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	return []sqladapters.Migration{{
 		Version: 1,
 		Name:    "outbox, leases and inbox",
@@ -114,7 +114,7 @@ const lockName = `CONCAT('millbox_migrate_', SHA1(CONCAT(COALESCE(?, DATABASE(),
 // SELECT whose row fails, waits forever. A connection that still holds the
 // lock from an interrupted run takes it again without counting twice, so
 // one release frees it.
-func (d *Dialect) LockMigrations() (lock, unlock sqladapters.Query) {
+func (d *sqlDialect) LockMigrations() (lock, unlock sqladapters.Query) {
 	db, table := d.lockArgs()
 	secs := int64(math.Ceil(d.opts.MigrationLockTimeout.Seconds()))
 	if secs < 1 {
@@ -130,7 +130,7 @@ func (d *Dialect) LockMigrations() (lock, unlock sqladapters.Query) {
 		}
 }
 
-func (d *Dialect) lockArgs() (db any, table string) {
+func (d *sqlDialect) lockArgs() (db any, table string) {
 	if d.opts.Database != "" {
 		db = d.opts.Database
 	}
@@ -139,7 +139,7 @@ func (d *Dialect) lockArgs() (db any, table string) {
 
 // CreateMigrationsTable creates the database (when set) and the version
 // table.
-func (d *Dialect) CreateMigrationsTable() []sqladapters.Query {
+func (d *sqlDialect) CreateMigrationsTable() []sqladapters.Query {
 	var qs []sqladapters.Query
 	if d.opts.Database != "" {
 		qs = append(qs, sqladapters.Query{SQL: `CREATE DATABASE IF NOT EXISTS ` + quote(d.opts.Database) + ` CHARACTER SET utf8mb4`})
@@ -153,13 +153,13 @@ func (d *Dialect) CreateMigrationsTable() []sqladapters.Query {
 }
 
 // AppliedMigrations selects the applied versions.
-func (d *Dialect) AppliedMigrations() sqladapters.Query {
+func (d *sqlDialect) AppliedMigrations() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT version FROM ` + d.migrate + ` ORDER BY version`}
 }
 
 // RecordMigration records an applied version; recording it twice is a
 // no-op.
-func (d *Dialect) RecordMigration(version int, name string) sqladapters.Query {
+func (d *sqlDialect) RecordMigration(version int, name string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `INSERT INTO ` + d.migrate + ` (version, name, applied_at) VALUES (?, ?, ` + now + `) ON DUPLICATE KEY UPDATE version = version`,
 		Args: []any{version, name},

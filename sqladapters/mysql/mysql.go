@@ -14,6 +14,7 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 const (
@@ -118,16 +119,33 @@ type Options struct {
 	MaxAllowedPacket int
 }
 
-// Dialect is the MySQL/MariaDB dialect. Build it with New.
+// Dialect is the MySQL and MariaDB implementation of the store contract,
+// sqladapters.Dialect, for one millbox installation (its outbox, lease and
+// inbox tables). Build it with New; pass it to the publisher, the
+// forwarder, the inbox and the operations tools.
 type Dialect struct {
-	opts                                    Options
-	outbox, inbox, leases, members, migrate string
+	*sqlstore.Store
+	sql *sqlDialect
 }
 
 var _ sqladapters.Dialect = (*Dialect)(nil)
 
+// sqlDialect builds the MySQL/MariaDB statements the Store runs.
+type sqlDialect struct {
+	opts                                    Options
+	outbox, inbox, leases, members, migrate string
+}
+
 // New validates opts, applies defaults and returns the dialect.
 func New(opts Options) (*Dialect, error) {
+	b, err := newSQL(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Dialect{Store: sqlstore.New(b), sql: b}, nil
+}
+
+func newSQL(opts Options) (*sqlDialect, error) {
 	opts.OutboxTable = cmp.Or(opts.OutboxTable, DefaultOutboxTable)
 	opts.InboxTable = cmp.Or(opts.InboxTable, DefaultInboxTable)
 	opts.MigrationLockTimeout = cmp.Or(opts.MigrationLockTimeout, DefaultMigrationLockTimeout)
@@ -136,7 +154,7 @@ func New(opts Options) (*Dialect, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	d := &Dialect{opts: opts}
+	d := &sqlDialect{opts: opts}
 	d.outbox = d.qualify(opts.OutboxTable)
 	d.inbox = d.qualify(opts.InboxTable)
 	d.leases = d.qualify(opts.OutboxTable + "_leases")
@@ -206,7 +224,7 @@ func MustNew(opts Options) *Dialect {
 // backtick.
 func quote(ident string) string { return "`" + ident + "`" }
 
-func (d *Dialect) qualify(name string) string {
+func (d *sqlDialect) qualify(name string) string {
 	if d.opts.Database == "" {
 		return quote(name)
 	}
@@ -214,11 +232,11 @@ func (d *Dialect) qualify(name string) string {
 }
 
 // Name returns "mysql"; the dialect serves MySQL and MariaDB alike.
-func (d *Dialect) Name() string { return "mysql" }
+func (d *sqlDialect) Name() string { return "mysql" }
 
 // Features reports MySQL's capabilities: DDL commits implicitly, there are
 // no notifications, and SKIP LOCKED is what Options.SkipLocked says.
-func (d *Dialect) Features() sqladapters.Features {
+func (d *sqlDialect) Features() sqladapters.Features {
 	return sqladapters.Features{
 		TransactionalDDL:  false,
 		Notify:            false,
@@ -229,23 +247,25 @@ func (d *Dialect) Features() sqladapters.Features {
 }
 
 // OutboxTable returns the quoted outbox table name.
-func (d *Dialect) OutboxTable() string { return d.outbox }
+func (d *sqlDialect) OutboxTable() string { return d.outbox }
 
 // InboxTable returns the quoted inbox table name.
-func (d *Dialect) InboxTable() string { return d.inbox }
+func (d *sqlDialect) InboxTable() string { return d.inbox }
 
 // Tables returns the quoted, qualified names of every table Migrate
 // creates: outbox, leases, members, inbox, and the version table last.
-func (d *Dialect) Tables() []string {
+func (d *Dialect) Tables() []string { return d.sql.tables() }
+
+func (d *sqlDialect) tables() []string {
 	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate}
 }
 
 // Database returns Options.Database, "" when names are unqualified.
-func (d *Dialect) Database() string { return d.opts.Database }
+func (d *Dialect) Database() string { return d.sql.opts.Database }
 
 // NotifyChannel returns "": MySQL has no notifications. Forwarders poll,
 // and a publisher in the same process wakes them directly.
-func (d *Dialect) NotifyChannel() string { return "" }
+func (d *sqlDialect) NotifyChannel() string { return "" }
 
 // MySQL error numbers ClassifyError maps.
 const (
@@ -259,7 +279,7 @@ const (
 // entry) to sqladapters.ErrDuplicate. It recognizes the errors of
 // github.com/go-sql-driver/mysql, the driver MySQL users of database/sql
 // have.
-func (d *Dialect) ClassifyError(err error) error {
+func (d *sqlDialect) ClassifyError(err error) error {
 	var me *mysqldrv.MySQLError
 	if err == nil || !errors.As(err, &me) {
 		return err
@@ -339,13 +359,13 @@ func skipLockedIn(version string) (bool, error) {
 // and a message larger than MaxAllowedPacket/2 would then not fit one
 // statement. The publisher refuses larger messages before it writes
 // anything.
-func (d *Dialect) MaxMessageBytes() int { return (d.opts.MaxAllowedPacket - packetReserve) / 2 }
+func (d *sqlDialect) MaxMessageBytes() int { return (d.opts.MaxAllowedPacket - packetReserve) / 2 }
 
 // Savepoint returns the statements the publisher writes a call of several
 // INSERTs under: a failed INSERT undoes only itself in MySQL, so without
 // the savepoint the earlier INSERTs of a failed call would stay in the
 // transaction.
-func (d *Dialect) Savepoint() (set, rollback, release sqladapters.Query) {
+func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query) {
 	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
@@ -402,4 +422,4 @@ func intList[T int | int64](ids []T) string {
 }
 
 // Options returns the options the dialect was built with, defaults applied.
-func (d *Dialect) Options() Options { return d.opts }
+func (d *Dialect) Options() Options { return d.sql.opts }

@@ -19,8 +19,8 @@ func TestMySQLNewDefaults(t *testing.T) {
 	if !MustNew(Options{SkipLocked: true}).Features().SkipLocked {
 		t.Fatal("Options.SkipLocked not reported")
 	}
-	if d.opts.MigrationLockTimeout != DefaultMigrationLockTimeout || d.opts.MaxInsertBytes != DefaultMaxInsertBytes {
-		t.Fatalf("defaults not applied: %+v", d.opts)
+	if o := d.Options(); o.MigrationLockTimeout != DefaultMigrationLockTimeout || o.MaxInsertBytes != DefaultMaxInsertBytes {
+		t.Fatalf("defaults not applied: %+v", o)
 	}
 	want := []string{"`millbox_outbox`", "`millbox_outbox_leases`", "`millbox_outbox_members`", "`millbox_inbox`", "`millbox_outbox_migrations`"}
 	if got := d.Tables(); strings.Join(got, " ") != strings.Join(want, " ") {
@@ -35,14 +35,14 @@ func TestMySQLDatabaseQualifiesEveryName(t *testing.T) {
 			t.Fatalf("%s is not qualified", name)
 		}
 	}
-	if d.Database() != "app" {
-		t.Fatalf("Database() = %q", d.Database())
+	if d.Options().Database != "app" {
+		t.Fatalf("Options().Database = %q", d.Options().Database)
 	}
-	qs := d.CreateMigrationsTable()
+	qs := d.sql.CreateMigrationsTable()
 	if len(qs) != 2 || qs[0].SQL != "CREATE DATABASE IF NOT EXISTS `app` CHARACTER SET utf8mb4" {
 		t.Fatalf("migrations table statements %+v", qs)
 	}
-	if len(MustNew(Options{}).CreateMigrationsTable()) != 1 {
+	if len(MustNew(Options{}).sql.CreateMigrationsTable()) != 1 {
 		t.Fatal("creates a database without Options.Database")
 	}
 }
@@ -84,7 +84,7 @@ func TestMySQLDialect(t *testing.T) {
 		MustNew:  func(o Options) sqladapters.Dialect { return MustNew(o) },
 		Outbox:   "`millbox_outbox`",
 		Inbox:    "`millbox_inbox`",
-		Features: sqladapters.Features{ConcurrentWriters: true, ExcludeInSQL: true},
+		Features: sqladapters.Features{ConcurrentWriters: true, ExcludeInSQL: true, HighWaterMark: true},
 		BadNames: map[string]Options{
 			"quote":            {OutboxTable: `x"; DROP TABLE y; --`},
 			"backtick":         {InboxTable: "in`box"},
@@ -142,26 +142,8 @@ func TestMySQLReservedWordsQuoted(t *testing.T) {
 	}
 }
 
-func TestMySQLSelectPending(t *testing.T) {
-	d := MustNew(Options{})
-	all := d.SelectPending(sqladapters.PendingQuery{Limit: 5})
-	if strings.Contains(all.SQL, "key_hash %") || len(all.Args) != 1 || all.Args[0] != 5 {
-		t.Fatalf("no-partition query: %s %v", all.SQL, all.Args)
-	}
-	q := d.SelectPending(sqladapters.PendingQuery{Partitions: 16, Owned: []int{2, 5}, Limit: 7})
-	for _, want := range []string{"o.key_hash % 16 IN (2,5)", "ORDER BY o.id LIMIT ?", "p.id < o.id", "p.next_attempt_at > UTC_TIMESTAMP(6)"} {
-		if !strings.Contains(q.SQL, want) {
-			t.Fatalf("missing %q in\n%s", want, q.SQL)
-		}
-	}
-	none := d.SelectPending(sqladapters.PendingQuery{Partitions: 16, Owned: []int{}, Limit: 7})
-	if !strings.Contains(none.SQL, "AND FALSE") {
-		t.Fatalf("no owned partitions must read nothing:\n%s", none.SQL)
-	}
-}
-
 func TestMySQLEnsurePartitionsChunks(t *testing.T) {
-	d := MustNew(Options{})
+	d := MustNew(Options{}).sql
 	if len(d.EnsurePartitions(0)) != 0 {
 		t.Fatal("statements for zero partitions")
 	}
@@ -172,11 +154,11 @@ func TestMySQLEnsurePartitionsChunks(t *testing.T) {
 }
 
 func TestMySQLClaimPartitions(t *testing.T) {
-	plain := MustNew(Options{}).ClaimPartitions("a", time.Second, 3)
+	plain := MustNew(Options{}).sql.ClaimPartitions("a", time.Second, 3)
 	if strings.Contains(plain.SQL, "SKIP LOCKED") || !strings.Contains(plain.SQL, "ORDER BY `partition` LIMIT ?") {
 		t.Fatalf("plain claim:\n%s", plain.SQL)
 	}
-	skip := MustNew(Options{SkipLocked: true}).ClaimPartitions("a", time.Second, 3)
+	skip := MustNew(Options{SkipLocked: true}).sql.ClaimPartitions("a", time.Second, 3)
 	if !strings.Contains(skip.SQL, "FOR UPDATE SKIP LOCKED") {
 		t.Fatalf("SkipLocked claim:\n%s", skip.SQL)
 	}
@@ -187,7 +169,7 @@ func TestMySQLClaimPartitions(t *testing.T) {
 
 func TestMySQLLockMigrations(t *testing.T) {
 	for timeout, secs := range map[time.Duration]int64{0: 60, time.Millisecond: 1, 1500 * time.Millisecond: 2, time.Hour: 3600} {
-		lock, unlock := MustNew(Options{MigrationLockTimeout: timeout}).LockMigrations()
+		lock, unlock := MustNew(Options{MigrationLockTimeout: timeout}).sql.LockMigrations()
 		if got := lock.Args[len(lock.Args)-1]; got != secs {
 			t.Fatalf("timeout %v: GET_LOCK waits %v s, want %d", timeout, got, secs)
 		}
@@ -195,7 +177,7 @@ func TestMySQLLockMigrations(t *testing.T) {
 			t.Fatalf("args %v %v", lock.Args, unlock.Args)
 		}
 	}
-	lock, _ := MustNew(Options{Database: "app"}).LockMigrations()
+	lock, _ := MustNew(Options{Database: "app"}).sql.LockMigrations()
 	if lock.Args[0] != "app" {
 		t.Fatalf("database arg %v", lock.Args[0])
 	}
@@ -225,14 +207,14 @@ func TestMySQLFitKey(t *testing.T) {
 	if fa == fb || len(fa) > maxMessageIDBytes || fa[0] != 0 || fa != fitKey(a, maxMessageIDBytes) {
 		t.Fatalf("digests %q %q", fa, fb)
 	}
-	q := MustNew(Options{}).InsertInbox(a, "m")
+	q := MustNew(Options{}).sql.InsertInbox(a, "m")
 	if q.Args[0] != fitKey(a, maxConsumerBytes) || q.Args[1] != "m" {
 		t.Fatalf("inbox args %q", q.Args)
 	}
 }
 
 func TestMySQLRecordFailureCleansError(t *testing.T) {
-	d := MustNew(Options{})
+	d := MustNew(Options{}).sql
 	q := d.RecordFailure(sqladapters.Failure{ID: 9, Attempts: 3, Error: "bad \xff byte", Backoff: 1500 * time.Millisecond})
 	if q.Args[1] != "bad \uFFFD byte" || q.Args[2] != int64(1500000) || q.Args[3] != int64(9) {
 		t.Fatalf("args %q", q.Args)
@@ -252,7 +234,7 @@ func TestMySQLRecordFailureCleansError(t *testing.T) {
 
 func TestMySQLDeleteInboxBeforeSendsUTC(t *testing.T) {
 	at := time.Date(2024, 5, 1, 14, 0, 0, 123456000, time.FixedZone("CEST", 2*3600))
-	q := MustNew(Options{}).DeleteInboxBefore(at, 50)
+	q := MustNew(Options{}).sql.DeleteInboxBefore(at, 50)
 	if q.Args[0] != "2024-05-01 12:00:00.123456" || q.Args[1] != 50 {
 		t.Fatalf("args %v", q.Args)
 	}
@@ -265,7 +247,7 @@ func TestMySQLIntLists(t *testing.T) {
 	if got := idIn("id", []int64{-1, 0, 9223372036854775807}); got != "id IN (-1,0,9223372036854775807)" {
 		t.Fatal(got)
 	}
-	if q := MustNew(Options{}).CompleteForwarded(nil, false); !strings.HasSuffix(q.SQL, "WHERE FALSE") {
+	if q := MustNew(Options{}).sql.CompleteForwarded(nil, false); !strings.HasSuffix(q.SQL, "WHERE FALSE") {
 		t.Fatal(q.SQL)
 	}
 }
@@ -307,12 +289,12 @@ func TestMySQLMessageLimitFitsThePacket(t *testing.T) {
 		d := MustNew(Options{MaxAllowedPacket: packet})
 		m := sqladapters.OutboxMessage{Topic: "t", UUID: "u", Metadata: []byte("{}")}
 		m.Payload = make([]byte, d.MaxMessageBytes()-len(m.Topic)-len(m.UUID)-len(m.Metadata))
-		q := d.InsertOutbox([]sqladapters.OutboxMessage{m})[0]
+		q := d.sql.InsertOutbox([]sqladapters.OutboxMessage{m})[0]
 		if size := len(q.SQL) + 2*(len(m.Topic)+len(m.UUID)+len(m.Payload)+len(m.Metadata)) + 64; size > packet {
 			t.Fatalf("packet %d: a message of MaxMessageBytes %d makes a statement of up to %d bytes", packet, d.MaxMessageBytes(), size)
 		}
-		if d.opts.MaxInsertBytes > packet-packetReserve {
-			t.Fatalf("packet %d: MaxInsertBytes %d leaves no room for the statement", packet, d.opts.MaxInsertBytes)
+		if d.sql.opts.MaxInsertBytes > packet-packetReserve {
+			t.Fatalf("packet %d: MaxInsertBytes %d leaves no room for the statement", packet, d.sql.opts.MaxInsertBytes)
 		}
 	}
 	if got := MustNew(Options{}).MaxMessageBytes(); got != (DefaultMaxAllowedPacket-packetReserve)/2 {

@@ -10,8 +10,6 @@ import (
 
 // This file holds the SQL of the operations API (package sqladapters/ops).
 
-var _ ops.Dialect = (*Dialect)(nil)
-
 // statePublished is the state of a forwarded row kept for audit.
 const statePublished = "2"
 
@@ -26,7 +24,7 @@ func ageMicros(t string) string {
 func utc(t time.Time) string { return t.UTC().Format(timeLayout) }
 
 // TopicStats counts the outbox rows per topic through the state column.
-func (d *Dialect) TopicStats() sqladapters.Query {
+func (d *sqlDialect) TopicStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT topic,
 	COUNT(CASE WHEN state = ` + statePending + ` THEN 1 END),
 	COUNT(CASE WHEN state = ` + statePending + ` AND attempts > 0 THEN 1 END),
@@ -37,13 +35,13 @@ FROM ` + d.outbox + ` GROUP BY topic ORDER BY topic`}
 }
 
 // InboxStats counts the inbox records per consumer.
-func (d *Dialect) InboxStats() sqladapters.Query {
+func (d *sqlDialect) InboxStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT consumer, COUNT(*), ` + ageMicros(`MIN(received_at)`) + `
 FROM ` + d.inbox + ` GROUP BY consumer ORDER BY consumer`}
 }
 
 // PartitionLeases lists the partitions with their live owners.
-func (d *Dialect) PartitionLeases() sqladapters.Query {
+func (d *sqlDialect) PartitionLeases() sqladapters.Query {
 	return sqladapters.Query{SQL: "SELECT `partition`,\n" +
 		`	CASE WHEN expires_at > ` + now + ` THEN owner END,
 	CASE WHEN expires_at > ` + now + ` AND owner IS NOT NULL THEN TIMESTAMPDIFF(MICROSECOND, ` + now + `, expires_at) END
@@ -82,7 +80,7 @@ func deadWhere(w ops.Where) (string, []any) {
 }
 
 // SelectDeadLetters pages through the dead rows matching w.
-func (d *Dialect) SelectDeadLetters(w ops.Where, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectDeadLetters(w ops.Where, afterID int64, limit int) sqladapters.Query {
 	where, args := deadWhere(w)
 	return sqladapters.Query{
 		SQL: `SELECT ` + rowColumns + `, COALESCE(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
@@ -92,7 +90,7 @@ WHERE ` + where + ` AND o.id > ? ORDER BY o.id LIMIT ?`,
 }
 
 // SelectDeadLetterIDs pages through the ids of the dead rows matching w.
-func (d *Dialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sqladapters.Query {
 	where, args := deadWhere(w)
 	return sqladapters.Query{
 		SQL:  `SELECT o.id FROM ` + d.outbox + ` o WHERE ` + where + ` AND o.id > ? ORDER BY o.id LIMIT ?`,
@@ -101,13 +99,13 @@ func (d *Dialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sql
 }
 
 // CountDeadLetters counts the dead rows matching w.
-func (d *Dialect) CountDeadLetters(w ops.Where) sqladapters.Query {
+func (d *sqlDialect) CountDeadLetters(w ops.Where) sqladapters.Query {
 	where, args := deadWhere(w)
 	return sqladapters.Query{SQL: `SELECT COUNT(*) FROM ` + d.outbox + ` o WHERE ` + where, Args: args}
 }
 
 // GroupDeadLetters groups the dead rows matching w by last error.
-func (d *Dialect) GroupDeadLetters(w ops.Where, limit int) sqladapters.Query {
+func (d *sqlDialect) GroupDeadLetters(w ops.Where, limit int) sqladapters.Query {
 	where, args := deadWhere(w)
 	return sqladapters.Query{
 		SQL: `SELECT COALESCE(o.last_error, '') AS e, COUNT(*), MIN(o.id), ` + ageMicros(`MIN(o.dead_at)`) + `, ` + ageMicros(`MAX(o.dead_at)`) + `
@@ -118,12 +116,12 @@ GROUP BY e ORDER BY COUNT(*) DESC, MIN(o.id) LIMIT ?`,
 }
 
 // DeleteDeadLetters deletes the given rows that are still dead.
-func (d *Dialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
+func (d *sqlDialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
 	return sqladapters.Query{SQL: `DELETE FROM ` + d.outbox + ` WHERE state = ` + stateDead + ` AND ` + idIn("id", ids)}
 }
 
 // CountForwardedBefore counts kept rows published before t.
-func (d *Dialect) CountForwardedBefore(t time.Time) sqladapters.Query {
+func (d *sqlDialect) CountForwardedBefore(t time.Time) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT COUNT(*) FROM ` + d.outbox + ` WHERE state = ` + statePublished + ` AND published_at < ?`,
 		Args: []any{utc(t)},
@@ -132,7 +130,7 @@ func (d *Dialect) CountForwardedBefore(t time.Time) sqladapters.Query {
 
 // SelectForwardedIDs pages through kept rows published before t, through
 // state_idx.
-func (d *Dialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `SELECT id FROM ` + d.outbox + ` FORCE INDEX (state_idx)
 WHERE state = ` + statePublished + ` AND id > ? AND published_at < ? ORDER BY id LIMIT ?`,
@@ -141,7 +139,7 @@ WHERE state = ` + statePublished + ` AND id > ? AND published_at < ? ORDER BY id
 }
 
 // CountInboxBefore counts the inbox records received before t.
-func (d *Dialect) CountInboxBefore(t time.Time) sqladapters.Query {
+func (d *sqlDialect) CountInboxBefore(t time.Time) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT COUNT(*) FROM ` + d.inbox + ` WHERE received_at < ?`,
 		Args: []any{utc(t)},

@@ -11,7 +11,7 @@ import (
 // values in row order within a statement, and later statements get larger
 // ones, under every innodb_autoinc_lock_mode, so ids follow the order of
 // msgs.
-func (d *Dialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query {
+func (d *sqlDialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query {
 	var qs []sqladapters.Query
 	for start := 0; start < len(msgs); {
 		end, size := start, 0
@@ -35,7 +35,7 @@ func rowSize(m sqladapters.OutboxMessage) int {
 	return 2*(len(m.Topic)+len(m.UUID)+len(m.Payload)+len(m.Metadata)+len(m.Key)) + rowOverhead
 }
 
-func (d *Dialect) insertChunk(msgs []sqladapters.OutboxMessage) sqladapters.Query {
+func (d *sqlDialect) insertChunk(msgs []sqladapters.OutboxMessage) sqladapters.Query {
 	const tuple = `(?,?,?,?,?,?,` + now + `,` + now + `)`
 	var b strings.Builder
 	b.Grow(100 + len(msgs)*(len(tuple)+1))

@@ -2,11 +2,9 @@ package mysql
 
 import "github.com/millbox/millbox/sqladapters"
 
-var _ sqladapters.OutboxStatsDialect = (*Dialect)(nil)
-
 // OutboxStats counts pending and dead rows through state_idx and measures
 // the age of the oldest pending row by the database clock.
-func (d *Dialect) OutboxStats() sqladapters.Query {
+func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + statePending + `),
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + stateDead + `),

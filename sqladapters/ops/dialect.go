@@ -4,18 +4,20 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
-// Dialect builds the SQL of the operations, on top of sqladapters.Dialect.
-// The dialects of sqladapters/postgres, sqladapters/mysql and
-// sqladapters/sqlite implement it; New refuses a dialect that does not.
+// builder builds the SQL of the operations, on top of the store's
+// statements. The SQL builders behind the dialects of sqladapters/postgres,
+// sqladapters/mysql and sqladapters/sqlite implement it; New refuses a
+// dialect without one.
 //
 // Ages and remaining lease times are computed by the database, in
 // microseconds, so the clock of the machine running the operation does not
 // matter. Times in Where and the prune methods are compared with the
 // stored timestamps (UTC).
-type Dialect interface {
-	sqladapters.Dialect
+type builder interface {
+	sqlstore.Builder
 
 	// TopicStats selects, per topic in topic order: topic, pending rows
 	// (including rows waiting for a retry), rows waiting for a retry, dead
@@ -33,7 +35,7 @@ type Dialect interface {
 
 	// SelectDeadLetters selects the dead rows matching w with id >
 	// afterID, in id order, at most limit, with the columns of
-	// sqladapters.ForwarderDialect.ListDeadLetters.
+	// sqlstore.Builder.ListDeadLetters.
 	SelectDeadLetters(w Where, afterID int64, limit int) sqladapters.Query
 	// SelectDeadLetterIDs selects the ids (one bigint column) of the dead
 	// rows matching w with id > afterID, in id order, at most limit.
@@ -62,7 +64,7 @@ type Dialect interface {
 	CountInboxBefore(t time.Time) sqladapters.Query
 }
 
-// Where selects dead letters in Dialect's statements. Every set field must
+// Where selects dead letters in the operations' statements. Every set field must
 // match; the zero Where matches every dead row.
 type Where struct {
 	// IDs, when not empty, limits the rows to these ids.

@@ -11,9 +11,9 @@
 //	st, err := o.Status(ctx)
 //	n, err := o.Requeue(ctx, ops.Filter{ErrorContains: "connection refused"})
 //
-// The SQL lives with each database's dialect: the dialects of
-// sqladapters/postgres, sqladapters/mysql and sqladapters/sqlite implement
-// Dialect, the statements these operations need beyond sqladapters.Dialect.
+// The SQL lives with each database's dialect: sqladapters/postgres,
+// sqladapters/mysql and sqladapters/sqlite build the statements these
+// operations need beyond the store contract.
 //
 // Every operation is safe while forwarders and consumers run: none of them
 // touches a pending outbox row except Requeue, which only makes dead rows

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 // Defaults of the operations.
@@ -27,21 +28,23 @@ var (
 	// ErrNotFound is returned by ShowDeadLetter when no dead row has the
 	// id.
 	ErrNotFound = errors.New("millbox: ops: no such dead letter")
-	// ErrUnsupportedDialect is returned by New for a dialect that does not
-	// implement Dialect.
-	ErrUnsupportedDialect = errors.New("millbox: ops: the dialect does not implement ops.Dialect")
+	// ErrUnsupportedDialect is returned by New for a dialect that is not
+	// one of millbox's database packages.
+	ErrUnsupportedDialect = errors.New("millbox: ops: the dialect is not one of sqladapters/postgres, mysql or sqlite")
 )
 
 // Ops runs operations on one millbox installation. It is safe for
 // concurrent use.
 type Ops struct {
-	db sqladapters.Executor
-	d  Dialect
+	db      sqladapters.Executor
+	dialect sqladapters.Dialect
+	d       builder
 }
 
 // New returns the operations on the installation d describes, run on db (a
 // database handle such as pgxv5.WrapPool(pool) or stdsql.WrapDB(db)). It
-// fails with ErrUnsupportedDialect when d does not implement Dialect.
+// fails with ErrUnsupportedDialect when d is not one of millbox's database
+// packages.
 func New(db sqladapters.Executor, d sqladapters.Dialect) (*Ops, error) {
 	if db == nil {
 		return nil, errors.New("millbox: ops.New: nil database")
@@ -49,15 +52,16 @@ func New(db sqladapters.Executor, d sqladapters.Dialect) (*Ops, error) {
 	if d == nil {
 		return nil, errors.New("millbox: ops.New: nil dialect")
 	}
-	od, ok := d.(Dialect)
+	b, _ := sqlstore.BuilderOf(d)
+	od, ok := b.(builder)
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", ErrUnsupportedDialect, d)
 	}
-	return &Ops{db: db, d: od}, nil
+	return &Ops{db: db, dialect: d, d: od}, nil
 }
 
 // Dialect returns the dialect the operations run with.
-func (o *Ops) Dialect() Dialect { return o.d }
+func (o *Ops) Dialect() sqladapters.Dialect { return o.dialect }
 
 // Filter selects dead letters. Every set field must match; the zero Filter
 // matches every dead letter.

@@ -73,18 +73,12 @@ func (f *fixture) publish(topic string, uuids ...string) []int64 {
 	if err := tx.Commit(f.ctx); err != nil {
 		f.t.Fatal(err)
 	}
-	rows, err := f.d.SelectPending(sqladapters.PendingQuery{Limit: 1000}).Query(f.ctx, f.db)
+	rows, err := f.d.ReadPending(f.ctx, f.db, sqladapters.PendingQuery{Limit: 1000}, false)
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	defer rows.Close()
 	var ids []int64
-	for rows.Next() {
-		var r sqladapters.OutboxRow
-		var key sql.NullString
-		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts); err != nil {
-			f.t.Fatal(err)
-		}
+	for _, r := range rows {
 		if slices.Contains(uuids, r.UUID) {
 			ids = append(ids, r.ID)
 		}
@@ -94,7 +88,7 @@ func (f *fixture) publish(topic string, uuids ...string) []int64 {
 
 func (f *fixture) kill(id int64, errText string) {
 	f.t.Helper()
-	if _, err := f.d.RecordFailure(sqladapters.Failure{ID: id, Attempts: 3, Error: errText, Dead: true}).Exec(f.ctx, f.db); err != nil {
+	if _, err := f.d.RecordFailure(f.ctx, f.db, sqladapters.Failure{ID: id, Attempts: 3, Error: errText, Dead: true}); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -173,12 +167,12 @@ func TestPruneKeepsPendingAndDeadRows(t *testing.T) {
 	f := newFixture(t)
 	ids := f.publish("orders", "a", "b", "c", "d")
 	// a and b were forwarded and kept; c is dead; d is pending.
-	if _, err := f.d.CompleteForwarded(ids[:2], true).Exec(f.ctx, f.db); err != nil {
+	if _, err := f.d.CompleteForwarded(f.ctx, f.db, ids[:2], true); err != nil {
 		t.Fatal(err)
 	}
 	f.kill(ids[2], "boom")
 	for _, id := range []string{"m1", "m2", "m3"} {
-		if _, err := f.d.InsertInbox("billing", id).Exec(f.ctx, f.db); err != nil {
+		if _, err := f.d.RecordInbox(f.ctx, f.db, "billing", id); err != nil {
 			t.Fatal(err)
 		}
 	}

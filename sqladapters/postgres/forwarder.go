@@ -22,7 +22,7 @@ const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attem
 // custom plan; under the generic plan a prepared statement settles on, it
 // compares every row with the whole list, ten times slower than reading
 // those rows. Ids are never NULL, so NOT IN means what it says.
-func (d *Dialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
 	var args []any
 	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o
@@ -57,12 +57,12 @@ ORDER BY o.id LIMIT ` + strconv.Itoa(q.Limit))
 // ms per read of 2,000 rows that takes 1–3 ms to run, which cut three
 // forwarders draining 200,000 rows from about 55,000 msg/s to 17,000.
 // SET LOCAL confines the setting to the read's transaction.
-func (d *Dialect) PendingReadSetup() []sqladapters.Query {
+func (d *sqlDialect) PendingReadSetup() []sqladapters.Query {
 	return []sqladapters.Query{{SQL: `SET LOCAL jit = off`}}
 }
 
 // CompleteForwarded deletes published rows, or stamps published_at.
-func (d *Dialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
+func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
 	if keep {
 		return sqladapters.Query{
 			SQL:  `UPDATE ` + d.outbox + ` SET published_at = now() WHERE id = ANY($1::bigint[])`,
@@ -91,7 +91,7 @@ func idArray(ids []int64) string {
 }
 
 // RecordFailure stores the attempt count, error and next attempt time.
-func (d *Dialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
+func (d *sqlDialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `UPDATE ` + d.outbox + ` SET attempts = $2, last_error = $3,
 	next_attempt_at = now() + $4 * interval '1 microsecond',
@@ -102,7 +102,7 @@ WHERE id = $1`,
 }
 
 // ListDeadLetters pages through dead rows.
-func (d *Dialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `SELECT ` + rowColumns + `, coalesce(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
 WHERE o.dead_at IS NOT NULL AND o.id > $1 ORDER BY o.id LIMIT $2`,
@@ -111,7 +111,7 @@ WHERE o.dead_at IS NOT NULL AND o.id > $1 ORDER BY o.id LIMIT $2`,
 }
 
 // RequeueDeadLetters makes dead rows pending again.
-func (d *Dialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
+func (d *sqlDialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
 	q := `UPDATE ` + d.outbox + ` SET dead_at = NULL, attempts = 0, next_attempt_at = now() WHERE dead_at IS NOT NULL`
 	if ids == nil {
 		return sqladapters.Query{SQL: q}
@@ -120,7 +120,7 @@ func (d *Dialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
 }
 
 // EnsurePartitions creates the missing lease rows.
-func (d *Dialect) EnsurePartitions(n int) []sqladapters.Query {
+func (d *sqlDialect) EnsurePartitions(n int) []sqladapters.Query {
 	return []sqladapters.Query{{
 		SQL:  `INSERT INTO ` + d.leases + ` (partition) SELECT generate_series(0, $1::int - 1) ON CONFLICT DO NOTHING`,
 		Args: []any{n},
@@ -128,12 +128,12 @@ func (d *Dialect) EnsurePartitions(n int) []sqladapters.Query {
 }
 
 // CountPartitions counts the lease rows.
-func (d *Dialect) CountPartitions() sqladapters.Query {
+func (d *sqlDialect) CountPartitions() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.leases}
 }
 
 // Heartbeat upserts the member row of instance.
-func (d *Dialect) Heartbeat(instance string, ttl time.Duration) sqladapters.Query {
+func (d *sqlDialect) Heartbeat(instance string, ttl time.Duration) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at) VALUES ($1, now() + $2 * interval '1 microsecond')
 ON CONFLICT (instance) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
@@ -142,12 +142,12 @@ ON CONFLICT (instance) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
 }
 
 // CountMembers counts live instances.
-func (d *Dialect) CountMembers() sqladapters.Query {
+func (d *sqlDialect) CountMembers() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.members + ` WHERE expires_at > now()`}
 }
 
 // RemoveMember deletes instance and expired members.
-func (d *Dialect) RemoveMember(instance string) sqladapters.Query {
+func (d *sqlDialect) RemoveMember(instance string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `DELETE FROM ` + d.members + ` WHERE instance = $1 OR expires_at <= now()`,
 		Args: []any{instance},
@@ -155,7 +155,7 @@ func (d *Dialect) RemoveMember(instance string) sqladapters.Query {
 }
 
 // ClaimPartitions leases free or expired partitions, lowest first.
-func (d *Dialect) ClaimPartitions(instance string, ttl time.Duration, max int) sqladapters.Query {
+func (d *sqlDialect) ClaimPartitions(instance string, ttl time.Duration, max int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `UPDATE ` + d.leases + ` SET owner = $1, expires_at = now() + $2 * interval '1 microsecond'
 WHERE partition IN (
@@ -167,7 +167,7 @@ WHERE partition IN (
 }
 
 // RenewPartitions extends the unexpired leases of instance.
-func (d *Dialect) RenewPartitions(instance string, ttl time.Duration) sqladapters.Query {
+func (d *sqlDialect) RenewPartitions(instance string, ttl time.Duration) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `UPDATE ` + d.leases + ` SET expires_at = now() + $2 * interval '1 microsecond' WHERE owner = $1 AND expires_at > now()`,
 		Args: []any{instance, micros(ttl)},
@@ -175,7 +175,7 @@ func (d *Dialect) RenewPartitions(instance string, ttl time.Duration) sqladapter
 }
 
 // OwnedPartitions selects the partitions instance holds.
-func (d *Dialect) OwnedPartitions(instance string) sqladapters.Query {
+func (d *sqlDialect) OwnedPartitions(instance string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT partition FROM ` + d.leases + ` WHERE owner = $1 AND expires_at > now() ORDER BY partition`,
 		Args: []any{instance},
@@ -183,7 +183,7 @@ func (d *Dialect) OwnedPartitions(instance string) sqladapters.Query {
 }
 
 // ReleasePartitions frees partitions of instance.
-func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapters.Query {
+func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `UPDATE ` + d.leases + ` SET owner = NULL, expires_at = NULL WHERE owner = $1 AND partition = ANY($2::int[])`,
 		Args: []any{instance, intArray(partitions)},
@@ -191,7 +191,7 @@ func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapte
 }
 
 // CountOutbox counts pending and dead rows.
-func (d *Dialect) CountOutbox() sqladapters.Query {
+func (d *sqlDialect) CountOutbox() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL)`}
@@ -201,7 +201,7 @@ func (d *Dialect) CountOutbox() sqladapters.Query {
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.
-func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
 	s := d.SelectPending(q)
 	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
 	return s
@@ -210,7 +210,7 @@ func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Q
 // HighWaterMark returns the position of the outbox's id sequence: one
 // catalog lookup and a read of the sequence, however large or bloated the
 // table (max(id) would walk the index over deleted rows).
-func (d *Dialect) HighWaterMark() sqladapters.Query {
+func (d *sqlDialect) HighWaterMark() sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')), 0)`,
 		Args: []any{d.outbox},

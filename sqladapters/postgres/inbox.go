@@ -10,7 +10,7 @@ import (
 // InsertInbox inserts the inbox key with ON CONFLICT DO NOTHING: a second
 // transaction inserting the same key waits for the first and then affects
 // zero rows if it committed, or inserts if it rolled back.
-func (d *Dialect) InsertInbox(consumer, messageID string) sqladapters.Query {
+func (d *sqlDialect) InsertInbox(consumer, messageID string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `INSERT INTO ` + d.inbox + ` (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
 		Args: []any{consumer, messageID},
@@ -24,7 +24,7 @@ func (d *Dialect) InsertInbox(consumer, messageID string) sqladapters.Query {
 // inlined so that a prepared statement's generic plan knows how few rows it
 // reads. The outer condition repeats the cutoff, so a delete never touches
 // a row that is not old, whatever happened to its address.
-func (d *Dialect) DeleteInboxBefore(t time.Time, limit int) sqladapters.Query {
+func (d *sqlDialect) DeleteInboxBefore(t time.Time, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `DELETE FROM ` + d.inbox + ` WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM ` + d.inbox + ` WHERE received_at < $1 ORDER BY received_at LIMIT ` + strconv.Itoa(limit) + `))
@@ -40,7 +40,7 @@ AND received_at < $1`,
 // starts after the entries of the rows already deleted, which stay in
 // received_idx until vacuum; from the start, a batch late in the deletion
 // of millions of rows would walk every one of them.
-func (d *Dialect) DeleteInboxRange(from, before time.Time, limit int) sqladapters.Query {
+func (d *sqlDialect) DeleteInboxRange(from, before time.Time, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `WITH deleted AS (
 	DELETE FROM ` + d.inbox + ` WHERE ctid = ANY(ARRAY(

@@ -15,8 +15,6 @@ import (
 // This file holds the maintenance of the partitioned layout (see
 // partitioned.go): creating partitions ahead and dropping old ones.
 
-var _ sqladapters.Maintainer = (*Dialect)(nil)
-
 // ErrNotPartitioned is returned by the partition functions for a dialect
 // or an outbox table of the plain layout. It wraps
 // sqladapters.ErrInvalidConfig.
@@ -77,7 +75,11 @@ type MaintenanceReport struct {
 // partition first, then by range. It reads the catalog, so d's
 // PartitionOptions do not matter; it fails with ErrNotPartitioned when
 // the outbox is a plain table.
-func ListPartitions(ctx context.Context, db sqladapters.Executor, d *Dialect) ([]PartitionInfo, error) {
+func ListPartitions(ctx context.Context, db sqladapters.Executor, dialect *Dialect) ([]PartitionInfo, error) {
+	if dialect == nil {
+		return nil, errors.New("millbox: ListPartitions: nil Dialect")
+	}
+	d := dialect.sql
 	parts, err := listPartitions(ctx, db, d, true)
 	if err != nil {
 		return nil, err
@@ -117,7 +119,7 @@ func scanCounts(ctx context.Context, db sqladapters.Executor, q sqladapters.Quer
 
 // listPartitions reads the partitions from the catalog; sizes says
 // whether to read their size too.
-func listPartitions(ctx context.Context, db sqladapters.Executor, d *Dialect, sizes bool) ([]PartitionInfo, error) {
+func listPartitions(ctx context.Context, db sqladapters.Executor, d *sqlDialect, sizes bool) ([]PartitionInfo, error) {
 	var kind string
 	rows, err := db.Query(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, d.outbox)
 	if err == nil {
@@ -191,9 +193,16 @@ ORDER BY b.expr <> 'DEFAULT', 3, 1`, d.outbox)
 //
 // now places the ranges; Maintain passes the database's clock, which is
 // what routes rows.
-func MaintainPartitions(ctx context.Context, db sqladapters.Executor, d *Dialect, now time.Time) (MaintenanceReport, error) {
+func MaintainPartitions(ctx context.Context, db sqladapters.Executor, dialect *Dialect, now time.Time) (MaintenanceReport, error) {
+	if dialect == nil {
+		return MaintenanceReport{}, ErrNotPartitioned
+	}
+	return dialect.sql.maintainPartitions(ctx, db, now)
+}
+
+func (d *sqlDialect) maintainPartitions(ctx context.Context, db sqladapters.Executor, now time.Time) (MaintenanceReport, error) {
 	var rep MaintenanceReport
-	if d == nil || d.opts.Partitioned == nil {
+	if d.opts.Partitioned == nil {
 		return rep, ErrNotPartitioned
 	}
 	if db == nil {
@@ -281,7 +290,7 @@ func overlaps(parts []PartitionInfo, p Partition) bool {
 // inserts and reads go on, where CREATE TABLE ... PARTITION OF would lock
 // out both. The default partition is locked while Postgres checks that
 // it holds no row of p's range.
-func (d *Dialect) createPartition(ctx context.Context, ex sqladapters.Executor, p Partition) error {
+func (d *sqlDialect) createPartition(ctx context.Context, ex sqladapters.Executor, p Partition) error {
 	name := d.qualify(p.Name)
 	for _, stmt := range []string{
 		`CREATE TABLE ` + name + ` (LIKE ` + d.outbox + `) ` + partitionStorage,
@@ -297,7 +306,7 @@ func (d *Dialect) createPartition(ctx context.Context, ex sqladapters.Executor, 
 
 // unforwarded counts the pending and dead rows of p, each through the
 // partial index that holds them.
-func (d *Dialect) unforwarded(ctx context.Context, ex sqladapters.Executor, p Partition) (KeptPartition, error) {
+func (d *sqlDialect) unforwarded(ctx context.Context, ex sqladapters.Executor, p Partition) (KeptPartition, error) {
 	k := KeptPartition{Partition: p}
 	name := d.qualify(p.Name)
 	rows, err := ex.Query(ctx, `SELECT
@@ -321,7 +330,7 @@ func (d *Dialect) unforwarded(ctx context.Context, ex sqladapters.Executor, p Pa
 // drop; a late insert of its range goes to the default partition. When
 // rows remain it returns errKept, and the step's rollback attaches p
 // again.
-func (d *Dialect) dropPartition(ctx context.Context, ex sqladapters.Executor, p Partition) (KeptPartition, error) {
+func (d *sqlDialect) dropPartition(ctx context.Context, ex sqladapters.Executor, p Partition) (KeptPartition, error) {
 	name := d.qualify(p.Name)
 	if _, err := ex.Exec(ctx, `ALTER TABLE `+d.outbox+` DETACH PARTITION `+name); err != nil {
 		return KeptPartition{Partition: p}, err
@@ -352,7 +361,7 @@ type maintenance struct {
 
 // startMaintenance takes the maintenance lock of d's outbox; it returns
 // nil and no error when another run holds it.
-func (d *Dialect) startMaintenance(ctx context.Context, db sqladapters.Executor, timeout time.Duration) (*maintenance, error) {
+func (d *sqlDialect) startMaintenance(ctx context.Context, db sqladapters.Executor, timeout time.Duration) (*maintenance, error) {
 	m := &maintenance{ex: db, timeout: strconv.FormatInt(timeout.Milliseconds(), 10) + "ms"}
 	if b, ok := db.(sqladapters.DB); ok {
 		tx, err := b.Begin(ctx, sql.TxOptions{})
@@ -456,6 +465,10 @@ func sqlState(err error) string {
 // the one that routes rows to partitions. It does nothing for the plain
 // layout, or when another process is maintaining the same outbox.
 func (d *Dialect) Maintain(ctx context.Context, db sqladapters.Executor) error {
+	return d.sql.maintain(ctx, db)
+}
+
+func (d *sqlDialect) maintain(ctx context.Context, db sqladapters.Executor) error {
 	if d.opts.Partitioned == nil {
 		return nil
 	}
@@ -467,7 +480,7 @@ func (d *Dialect) Maintain(ctx context.Context, db sqladapters.Executor) error {
 	if err != nil {
 		return fmt.Errorf("millbox: read the database clock: %w", err)
 	}
-	_, err = MaintainPartitions(ctx, db, d, t)
+	_, err = d.maintainPartitions(ctx, db, t)
 	return err
 }
 
@@ -475,8 +488,9 @@ func (d *Dialect) Maintain(ctx context.Context, db sqladapters.Executor) error {
 // PartitionOptions.MaintainEvery of the partitioned layout, and zero for
 // the plain layout or when maintenance by the forwarder is turned off.
 func (d *Dialect) MaintainEvery() time.Duration {
-	if d.opts.Partitioned == nil || d.opts.Partitioned.MaintainEvery < 0 {
+	p := d.sql.opts.Partitioned
+	if p == nil || p.MaintainEvery < 0 {
 		return 0
 	}
-	return d.opts.Partitioned.MaintainEvery
+	return p.MaintainEvery
 }

@@ -24,7 +24,7 @@ const outboxColumns = `
 // version 1 creates the partitioned outbox instead (see layout); every
 // later version applies to both layouts, so its statements must work on
 // a partitioned table too.
-func (d *Dialect) Migrations() []sqladapters.Migration {
+func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	o, t := d.outbox, d.opts.OutboxTable
 	ms := []sqladapters.Migration{{
 		Version: 1,
@@ -79,7 +79,7 @@ func (d *Dialect) Migrations() []sqladapters.Migration {
 
 // LockMigrations takes a transaction-scoped advisory lock named after the
 // outbox table; it is released by the migration transaction's end.
-func (d *Dialect) LockMigrations() (lock, unlock sqladapters.Query) {
+func (d *sqlDialect) LockMigrations() (lock, unlock sqladapters.Query) {
 	return sqladapters.Query{
 		SQL:  `SELECT pg_advisory_xact_lock(hashtext($1))`,
 		Args: []any{"millbox.migrate:" + d.opts.Schema + "." + d.opts.OutboxTable},
@@ -87,7 +87,7 @@ func (d *Dialect) LockMigrations() (lock, unlock sqladapters.Query) {
 }
 
 // CreateMigrationsTable creates the schema (when set) and the version table.
-func (d *Dialect) CreateMigrationsTable() []sqladapters.Query {
+func (d *sqlDialect) CreateMigrationsTable() []sqladapters.Query {
 	var qs []sqladapters.Query
 	if d.opts.Schema != "" {
 		qs = append(qs, sqladapters.Query{SQL: `CREATE SCHEMA IF NOT EXISTS ` + quote(d.opts.Schema)})
@@ -100,12 +100,12 @@ func (d *Dialect) CreateMigrationsTable() []sqladapters.Query {
 }
 
 // AppliedMigrations selects the applied versions.
-func (d *Dialect) AppliedMigrations() sqladapters.Query {
+func (d *sqlDialect) AppliedMigrations() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT version FROM ` + d.migrate + ` ORDER BY version`}
 }
 
 // RecordMigration records an applied version.
-func (d *Dialect) RecordMigration(version int, name string) sqladapters.Query {
+func (d *sqlDialect) RecordMigration(version int, name string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `INSERT INTO ` + d.migrate + ` (version, name) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING`,
 		Args: []any{version, name},

@@ -11,8 +11,6 @@ import (
 
 // This file holds the SQL of the operations API (package sqladapters/ops).
 
-var _ ops.Dialect = (*Dialect)(nil)
-
 // ageMicros renders the microseconds from the timestamp expression t to
 // now, NULL when t is NULL.
 func ageMicros(t string) string {
@@ -20,7 +18,7 @@ func ageMicros(t string) string {
 }
 
 // TopicStats counts the outbox rows per topic.
-func (d *Dialect) TopicStats() sqladapters.Query {
+func (d *sqlDialect) TopicStats() sqladapters.Query {
 	const pending = `dead_at IS NULL AND published_at IS NULL`
 	return sqladapters.Query{SQL: `SELECT topic,
 	count(*) FILTER (WHERE ` + pending + `),
@@ -32,13 +30,13 @@ FROM ` + d.outbox + ` GROUP BY topic ORDER BY topic`}
 }
 
 // InboxStats counts the inbox records per consumer.
-func (d *Dialect) InboxStats() sqladapters.Query {
+func (d *sqlDialect) InboxStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT consumer, count(*), ` + ageMicros(`min(received_at)`) + `
 FROM ` + d.inbox + ` GROUP BY consumer ORDER BY consumer`}
 }
 
 // PartitionLeases lists the partitions with their live owners.
-func (d *Dialect) PartitionLeases() sqladapters.Query {
+func (d *sqlDialect) PartitionLeases() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT partition,
 	CASE WHEN expires_at > now() THEN owner END,
 	CASE WHEN expires_at > now() AND owner IS NOT NULL THEN (extract(epoch from expires_at - now()) * 1000000)::bigint END
@@ -76,7 +74,7 @@ func deadWhere(w ops.Where, args []any) (string, []any) {
 }
 
 // SelectDeadLetters pages through the dead rows matching w.
-func (d *Dialect) SelectDeadLetters(w ops.Where, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectDeadLetters(w ops.Where, afterID int64, limit int) sqladapters.Query {
 	where, args := deadWhere(w, []any{afterID, limit})
 	return sqladapters.Query{
 		SQL: `SELECT ` + rowColumns + `, coalesce(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
@@ -86,7 +84,7 @@ WHERE ` + where + ` AND o.id > $1 ORDER BY o.id LIMIT $2`,
 }
 
 // SelectDeadLetterIDs pages through the ids of the dead rows matching w.
-func (d *Dialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sqladapters.Query {
 	where, args := deadWhere(w, []any{afterID, limit})
 	return sqladapters.Query{
 		SQL:  `SELECT o.id FROM ` + d.outbox + ` o WHERE ` + where + ` AND o.id > $1 ORDER BY o.id LIMIT $2`,
@@ -95,13 +93,13 @@ func (d *Dialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sql
 }
 
 // CountDeadLetters counts the dead rows matching w.
-func (d *Dialect) CountDeadLetters(w ops.Where) sqladapters.Query {
+func (d *sqlDialect) CountDeadLetters(w ops.Where) sqladapters.Query {
 	where, args := deadWhere(w, nil)
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.outbox + ` o WHERE ` + where, Args: args}
 }
 
 // GroupDeadLetters groups the dead rows matching w by last error.
-func (d *Dialect) GroupDeadLetters(w ops.Where, limit int) sqladapters.Query {
+func (d *sqlDialect) GroupDeadLetters(w ops.Where, limit int) sqladapters.Query {
 	where, args := deadWhere(w, []any{limit})
 	return sqladapters.Query{
 		SQL: `SELECT coalesce(o.last_error, ''), count(*), min(o.id), ` + ageMicros(`min(o.dead_at)`) + `, ` + ageMicros(`max(o.dead_at)`) + `
@@ -112,7 +110,7 @@ GROUP BY coalesce(o.last_error, '') ORDER BY count(*) DESC, min(o.id) LIMIT $1`,
 }
 
 // DeleteDeadLetters deletes the given rows that are still dead.
-func (d *Dialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
+func (d *sqlDialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `DELETE FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL AND published_at IS NULL AND id = ANY($1::bigint[])`,
 		Args: []any{int64Array(ids)},
@@ -120,7 +118,7 @@ func (d *Dialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
 }
 
 // CountForwardedBefore counts kept rows published before t.
-func (d *Dialect) CountForwardedBefore(t time.Time) sqladapters.Query {
+func (d *sqlDialect) CountForwardedBefore(t time.Time) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT count(*) FROM ` + d.outbox + ` WHERE published_at < $1::timestamptz`,
 		Args: []any{t},
@@ -129,7 +127,7 @@ func (d *Dialect) CountForwardedBefore(t time.Time) sqladapters.Query {
 
 // SelectForwardedIDs pages through kept rows published before t, along the
 // primary key.
-func (d *Dialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT id FROM ` + d.outbox + ` WHERE id > $1 AND published_at < $2::timestamptz ORDER BY id LIMIT $3`,
 		Args: []any{afterID, t, limit},
@@ -137,7 +135,7 @@ func (d *Dialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqla
 }
 
 // CountInboxBefore counts the inbox records received before t.
-func (d *Dialect) CountInboxBefore(t time.Time) sqladapters.Query {
+func (d *sqlDialect) CountInboxBefore(t time.Time) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT count(*) FROM ` + d.inbox + ` WHERE received_at < $1::timestamptz`,
 		Args: []any{t},

@@ -31,7 +31,7 @@ const (
 // notifications on, the last statement also calls pg_notify in the same
 // round trip; Postgres delivers it on commit and folds repeats within one
 // transaction into one.
-func (d *Dialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query {
+func (d *sqlDialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query {
 	var qs []sqladapters.Query
 	for start := 0; start < len(msgs); {
 		end, size := start, 0
@@ -52,18 +52,18 @@ func (d *Dialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Q
 
 // MaxMessageBytes returns MaxMessageBytes; the publisher refuses larger
 // messages before it writes anything.
-func (d *Dialect) MaxMessageBytes() int { return MaxMessageBytes }
+func (d *sqlDialect) MaxMessageBytes() int { return MaxMessageBytes }
 
 // Savepoint returns the statements the publisher writes a call of several
 // INSERTs under, so that a failed call leaves nothing behind and the
 // transaction usable.
-func (d *Dialect) Savepoint() (set, rollback, release sqladapters.Query) {
+func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query) {
 	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
 }
 
-func (d *Dialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) sqladapters.Query {
+func (d *sqlDialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) sqladapters.Query {
 	var b strings.Builder
 	args := make([]any, 0, len(msgs)*6+1)
 	if notify {
@@ -104,6 +104,6 @@ func (d *Dialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) sql
 // a notification on NotifyChannel with the payload "probe", for someone
 // watching the channel by hand; listeners wake for it as for a commit. It
 // is only meaningful with Options.Notify.
-func (d *Dialect) NotifyProbe() sqladapters.Query {
+func (d *sqlDialect) NotifyProbe() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT pg_notify($1, 'probe')`, Args: []any{d.channel}}
 }

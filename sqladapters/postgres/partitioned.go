@@ -186,7 +186,7 @@ const (
 )
 
 // partitionName returns the unquoted name of the partition starting at from.
-func (d *Dialect) partitionName(from time.Time) string {
+func (d *sqlDialect) partitionName(from time.Time) string {
 	return d.opts.OutboxTable + from.UTC().Format(partitionSuffix)
 }
 
@@ -199,7 +199,7 @@ func pgTimestamp(t time.Time) string {
 // partitionedOutbox returns the statements creating the partitioned
 // outbox: the table, its indexes, the default partition, and the current
 // and Ahead following partitions by the database's clock.
-func (d *Dialect) partitionedOutbox() []string {
+func (d *sqlDialect) partitionedOutbox() []string {
 	p, o, t := d.opts.Partitioned, d.outbox, d.opts.OutboxTable
 	secs := strconv.FormatInt(int64(p.Interval/time.Second), 10)
 	origin := strconv.FormatInt(partitionOrigin.Unix(), 10)
@@ -243,7 +243,7 @@ $millbox$`,
 // layout returns the migrations of the plain layout as they are, or with
 // the outbox statements of version 1 replaced by those of the partitioned
 // layout.
-func (d *Dialect) layout(ms []sqladapters.Migration) []sqladapters.Migration {
+func (d *sqlDialect) layout(ms []sqladapters.Migration) []sqladapters.Migration {
 	if d.opts.Partitioned == nil || len(ms) == 0 || ms[0].Version != 1 {
 		return ms
 	}

@@ -30,7 +30,7 @@ func TestPartitionRanges(t *testing.T) {
 		t.Errorf("before the origin: %v, want %v", got, want)
 	}
 	d := MustNew(Options{OutboxTable: "events", Partitioned: &PartitionOptions{}})
-	if got := d.partitionName(time.Date(2026, 11, 25, 0, 0, 0, 0, time.FixedZone("x", 3600))); got != "events_p20261124_2300" {
+	if got := d.sql.partitionName(time.Date(2026, 11, 25, 0, 0, 0, 0, time.FixedZone("x", 3600))); got != "events_p20261124_2300" {
 		t.Errorf("partition name %q", got)
 	}
 	if got := pgTimestamp(time.Date(2026, 11, 25, 1, 0, 0, 0, time.FixedZone("x", 3600))); got != "'2026-11-25 00:00:00+00'" {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 const (
@@ -53,17 +54,37 @@ type Options struct {
 	Partitioned *PartitionOptions
 }
 
-// Dialect is the PostgreSQL dialect. Build it with New.
+// Dialect is the PostgreSQL implementation of the store contract,
+// sqladapters.Dialect, for one millbox installation (its outbox, lease and
+// inbox tables). Build it with New; pass it to the publisher, the
+// forwarder, the inbox and the operations tools.
 type Dialect struct {
+	*sqlstore.Store
+	sql *sqlDialect
+}
+
+var (
+	_ sqladapters.Dialect    = (*Dialect)(nil)
+	_ sqladapters.Maintainer = (*Dialect)(nil)
+)
+
+// sqlDialect builds the PostgreSQL statements the Store runs.
+type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
 	channel                                 string
 }
 
-var _ sqladapters.Dialect = (*Dialect)(nil)
-
 // New validates opts, applies defaults and returns the dialect.
 func New(opts Options) (*Dialect, error) {
+	b, err := newSQL(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Dialect{Store: sqlstore.New(b), sql: b}, nil
+}
+
+func newSQL(opts Options) (*sqlDialect, error) {
 	opts.OutboxTable = cmp.Or(opts.OutboxTable, DefaultOutboxTable)
 	opts.InboxTable = cmp.Or(opts.InboxTable, DefaultInboxTable)
 	if opts.Schema != "" {
@@ -89,7 +110,7 @@ func New(opts Options) (*Dialect, error) {
 		}
 		opts.Partitioned = &p
 	}
-	d := &Dialect{opts: opts}
+	d := &sqlDialect{opts: opts}
 	d.outbox = d.qualify(opts.OutboxTable)
 	d.inbox = d.qualify(opts.InboxTable)
 	d.leases = d.qualify(opts.OutboxTable + "_leases")
@@ -113,7 +134,7 @@ func MustNew(opts Options) *Dialect {
 
 func quote(ident string) string { return `"` + ident + `"` }
 
-func (d *Dialect) qualify(name string) string {
+func (d *sqlDialect) qualify(name string) string {
 	if d.opts.Schema == "" {
 		return quote(name)
 	}
@@ -134,10 +155,10 @@ func channelName(schema, table string) string {
 }
 
 // Name returns "postgres".
-func (d *Dialect) Name() string { return "postgres" }
+func (d *sqlDialect) Name() string { return "postgres" }
 
 // Features reports PostgreSQL's capabilities.
-func (d *Dialect) Features() sqladapters.Features {
+func (d *sqlDialect) Features() sqladapters.Features {
 	return sqladapters.Features{
 		TransactionalDDL:  true,
 		Notify:            d.opts.Notify,
@@ -148,21 +169,21 @@ func (d *Dialect) Features() sqladapters.Features {
 }
 
 // OutboxTable returns the quoted outbox table name.
-func (d *Dialect) OutboxTable() string { return d.outbox }
+func (d *sqlDialect) OutboxTable() string { return d.outbox }
 
 // InboxTable returns the quoted inbox table name.
-func (d *Dialect) InboxTable() string { return d.inbox }
+func (d *sqlDialect) InboxTable() string { return d.inbox }
 
 // NotifyChannel returns the channel the outbox insert notifies, or "" when
 // notifications are disabled.
-func (d *Dialect) NotifyChannel() string { return d.channel }
+func (d *sqlDialect) NotifyChannel() string { return d.channel }
 
 type sqlStater interface{ SQLState() string }
 
 // ClassifyError maps SQLSTATE 42P01 (undefined table) and 3F000 (undefined
 // schema) to *sqladapters.MissingTableError and 23505 (unique violation) to
 // sqladapters.ErrDuplicate. It recognizes pgx and lib/pq errors.
-func (d *Dialect) ClassifyError(err error) error {
+func (d *sqlDialect) ClassifyError(err error) error {
 	var se sqlStater
 	if err == nil || !errors.As(err, &se) {
 		return err
@@ -205,13 +226,13 @@ func intArray(v []int) string {
 }
 
 // Schema returns the schema name, "" when names are unqualified.
-func (d *Dialect) Schema() string { return d.opts.Schema }
+func (d *Dialect) Schema() string { return d.sql.opts.Schema }
 
 // Options returns the options the dialect was built with, defaults applied.
-func (d *Dialect) Options() Options { return d.opts }
+func (d *Dialect) Options() Options { return d.sql.opts }
 
 // Tables returns the quoted names of every table the migrations create, for
 // tools that clean up or inspect them.
 func (d *Dialect) Tables() []string {
-	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate}
+	return []string{d.sql.outbox, d.sql.leases, d.sql.members, d.sql.inbox, d.sql.migrate}
 }

@@ -19,7 +19,7 @@ func TestDialect(t *testing.T) {
 		Outbox:  `"millbox_outbox"`,
 		Inbox:   `"millbox_inbox"`,
 		Features: sqladapters.Features{
-			TransactionalDDL: true, SkipLocked: true, ConcurrentWriters: true, ExcludeInSQL: true,
+			TransactionalDDL: true, SkipLocked: true, ConcurrentWriters: true, ExcludeInSQL: true, HighWaterMark: true,
 		},
 		BadNames: map[string]postgres.Options{
 			"schema quote": {Schema: `public"; DROP SCHEMA public; --`},
@@ -72,7 +72,7 @@ func TestNamesAreQuotedAndQualified(t *testing.T) {
 // TestInsertOutboxNotifiesOnce checks that of the statements one insert
 // makes, only the last one notifies.
 func TestInsertOutboxNotifiesOnce(t *testing.T) {
-	qs := postgres.MustNew(postgres.Options{Notify: true}).InsertOutbox(make([]sqladapters.OutboxMessage, 12001))
+	qs := dialecttest.Builder(postgres.MustNew(postgres.Options{Notify: true})).InsertOutbox(make([]sqladapters.OutboxMessage, 12001))
 	if len(qs) < 2 {
 		t.Fatalf("%d statements, want several", len(qs))
 	}

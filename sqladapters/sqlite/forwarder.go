@@ -23,7 +23,7 @@ const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attem
 // could end between the check of the row itself (not due yet) and that of
 // a later row of its key (no longer held back), letting the later row go
 // first. SQLite runs in this process, on the same clock.
-func (d *Dialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
 	at := time.Now().UTC().Format(timeFormat)
 	args := []any{at}
@@ -49,7 +49,7 @@ ORDER BY o.id LIMIT ?`)
 }
 
 // CompleteForwarded deletes published rows, or stamps published_at.
-func (d *Dialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
+func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
 	if keep {
 		return sqladapters.Query{
 			SQL:  `UPDATE ` + d.outbox + ` SET published_at = ` + now + ` WHERE id IN (SELECT value FROM json_each(?))`,
@@ -63,7 +63,7 @@ func (d *Dialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
 }
 
 // RecordFailure stores the attempt count, error and next attempt time.
-func (d *Dialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
+func (d *sqlDialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `UPDATE ` + d.outbox + ` SET attempts = ?, last_error = ?,
 	next_attempt_at = ` + nowPlus + `,
@@ -75,7 +75,7 @@ WHERE id = ?`,
 
 // ListDeadLetters pages through dead rows. created_at and dead_at are
 // selected as bare columns, so drivers see their declared TIMESTAMP type.
-func (d *Dialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `SELECT ` + rowColumns + `, coalesce(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
 WHERE o.dead_at IS NOT NULL AND o.id > ? ORDER BY o.id LIMIT ?`,
@@ -84,7 +84,7 @@ WHERE o.dead_at IS NOT NULL AND o.id > ? ORDER BY o.id LIMIT ?`,
 }
 
 // RequeueDeadLetters makes dead rows pending again.
-func (d *Dialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
+func (d *sqlDialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
 	q := `UPDATE ` + d.outbox + ` SET dead_at = NULL, attempts = 0, next_attempt_at = ` + now + ` WHERE dead_at IS NOT NULL`
 	if ids == nil {
 		return sqladapters.Query{SQL: q}
@@ -93,7 +93,7 @@ func (d *Dialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
 }
 
 // EnsurePartitions creates the missing lease rows.
-func (d *Dialect) EnsurePartitions(n int) []sqladapters.Query {
+func (d *sqlDialect) EnsurePartitions(n int) []sqladapters.Query {
 	// "WHERE true" tells SQLite's parser that ON CONFLICT starts the
 	// upsert, not a join constraint.
 	return []sqladapters.Query{{
@@ -104,12 +104,12 @@ INSERT INTO ` + d.leases + ` (partition) SELECT n FROM p WHERE true ON CONFLICT 
 }
 
 // CountPartitions counts the lease rows.
-func (d *Dialect) CountPartitions() sqladapters.Query {
+func (d *sqlDialect) CountPartitions() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.leases}
 }
 
 // Heartbeat upserts the member row of instance.
-func (d *Dialect) Heartbeat(instance string, ttl time.Duration) sqladapters.Query {
+func (d *sqlDialect) Heartbeat(instance string, ttl time.Duration) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at) VALUES (?, ` + nowPlus + `)
 ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at`,
@@ -118,12 +118,12 @@ ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at`,
 }
 
 // CountMembers counts live instances.
-func (d *Dialect) CountMembers() sqladapters.Query {
+func (d *sqlDialect) CountMembers() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.members + ` WHERE expires_at > ` + now}
 }
 
 // RemoveMember deletes instance and expired members.
-func (d *Dialect) RemoveMember(instance string) sqladapters.Query {
+func (d *sqlDialect) RemoveMember(instance string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `DELETE FROM ` + d.members + ` WHERE instance = ? OR expires_at <= ` + now,
 		Args: []any{instance},
@@ -135,7 +135,7 @@ func (d *Dialect) RemoveMember(instance string) sqladapters.Query {
 // runs on the newest data under the write lock (a transaction whose earlier
 // reads are stale gets SQLITE_BUSY instead), so two instances never claim
 // the same partition, and the later one claims others or none.
-func (d *Dialect) ClaimPartitions(instance string, ttl time.Duration, max int) sqladapters.Query {
+func (d *sqlDialect) ClaimPartitions(instance string, ttl time.Duration, max int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `UPDATE ` + d.leases + ` SET owner = ?, expires_at = ` + nowPlus + `
 WHERE partition IN (
@@ -147,7 +147,7 @@ WHERE partition IN (
 }
 
 // RenewPartitions extends the unexpired leases of instance.
-func (d *Dialect) RenewPartitions(instance string, ttl time.Duration) sqladapters.Query {
+func (d *sqlDialect) RenewPartitions(instance string, ttl time.Duration) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `UPDATE ` + d.leases + ` SET expires_at = ` + nowPlus + ` WHERE owner = ? AND expires_at > ` + now,
 		Args: []any{offset(ttl), instance},
@@ -155,7 +155,7 @@ func (d *Dialect) RenewPartitions(instance string, ttl time.Duration) sqladapter
 }
 
 // OwnedPartitions selects the partitions instance holds.
-func (d *Dialect) OwnedPartitions(instance string) sqladapters.Query {
+func (d *sqlDialect) OwnedPartitions(instance string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT partition FROM ` + d.leases + ` WHERE owner = ? AND expires_at > ` + now + ` ORDER BY partition`,
 		Args: []any{instance},
@@ -163,7 +163,7 @@ func (d *Dialect) OwnedPartitions(instance string) sqladapters.Query {
 }
 
 // ReleasePartitions frees partitions of instance.
-func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapters.Query {
+func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `UPDATE ` + d.leases + ` SET owner = NULL, expires_at = NULL WHERE owner = ? AND partition IN (SELECT value FROM json_each(?))`,
 		Args: []any{instance, idList(partitions)},
@@ -171,7 +171,7 @@ func (d *Dialect) ReleasePartitions(instance string, partitions []int) sqladapte
 }
 
 // CountOutbox counts pending and dead rows.
-func (d *Dialect) CountOutbox() sqladapters.Query {
+func (d *sqlDialect) CountOutbox() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL)`}
@@ -181,7 +181,7 @@ func (d *Dialect) CountOutbox() sqladapters.Query {
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.
-func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
 	s := d.SelectPending(q)
 	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
 	return s
@@ -189,7 +189,7 @@ func (d *Dialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Q
 
 // HighWaterMark returns the largest id in the outbox: the rightmost entry
 // of the table's b-tree.
-func (d *Dialect) HighWaterMark() sqladapters.Query {
+func (d *sqlDialect) HighWaterMark() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT coalesce(max(id), 0) FROM ` + d.outbox}
 }
 

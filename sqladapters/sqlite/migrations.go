@@ -5,7 +5,7 @@ import (
 )
 
 // Migrations lists the schema versions.
-func (d *Dialect) Migrations() []sqladapters.Migration {
+func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	o, t := d.outbox, d.opts.OutboxTable
 	return []sqladapters.Migration{{
 		Version: 1,
@@ -81,13 +81,13 @@ func (d *Dialect) Migrations() []sqladapters.Migration {
 // always a write (a no-op CREATE TABLE IF NOT EXISTS is not); the unlock
 // statement drops it in the same transaction, so it is never committed.
 // A second migrator waits, then finds the versions applied.
-func (d *Dialect) LockMigrations() (lock, unlock sqladapters.Query) {
+func (d *sqlDialect) LockMigrations() (lock, unlock sqladapters.Query) {
 	return sqladapters.Query{SQL: `CREATE TABLE ` + d.migrateLock + ` (held INTEGER)`},
 		sqladapters.Query{SQL: `DROP TABLE ` + d.migrateLock}
 }
 
 // CreateMigrationsTable creates the version table.
-func (d *Dialect) CreateMigrationsTable() []sqladapters.Query {
+func (d *sqlDialect) CreateMigrationsTable() []sqladapters.Query {
 	return []sqladapters.Query{{SQL: `CREATE TABLE IF NOT EXISTS ` + d.migrate + ` (
 	version    INTEGER PRIMARY KEY,
 	name       TEXT      NOT NULL,
@@ -96,12 +96,12 @@ func (d *Dialect) CreateMigrationsTable() []sqladapters.Query {
 }
 
 // AppliedMigrations selects the applied versions.
-func (d *Dialect) AppliedMigrations() sqladapters.Query {
+func (d *sqlDialect) AppliedMigrations() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT version FROM ` + d.migrate + ` ORDER BY version`}
 }
 
 // RecordMigration records an applied version.
-func (d *Dialect) RecordMigration(version int, name string) sqladapters.Query {
+func (d *sqlDialect) RecordMigration(version int, name string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `INSERT INTO ` + d.migrate + ` (version, name) VALUES (?, ?) ON CONFLICT (version) DO NOTHING`,
 		Args: []any{version, name},

@@ -10,8 +10,6 @@ import (
 
 // This file holds the SQL of the operations API (package sqladapters/ops).
 
-var _ ops.Dialect = (*Dialect)(nil)
-
 // ageMicros renders the microseconds from the time expression t to now,
 // NULL when t is NULL. julianday reads TimeLayout, trailing Z included.
 func ageMicros(t string) string {
@@ -19,7 +17,7 @@ func ageMicros(t string) string {
 }
 
 // TopicStats counts the outbox rows per topic.
-func (d *Dialect) TopicStats() sqladapters.Query {
+func (d *sqlDialect) TopicStats() sqladapters.Query {
 	const pending = `dead_at IS NULL AND published_at IS NULL`
 	return sqladapters.Query{SQL: `SELECT topic,
 	count(CASE WHEN ` + pending + ` THEN 1 END),
@@ -31,13 +29,13 @@ FROM ` + d.outbox + ` GROUP BY topic ORDER BY topic`}
 }
 
 // InboxStats counts the inbox records per consumer.
-func (d *Dialect) InboxStats() sqladapters.Query {
+func (d *sqlDialect) InboxStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT consumer, count(*), ` + ageMicros(`min(received_at)`) + `
 FROM ` + d.inbox + ` GROUP BY consumer ORDER BY consumer`}
 }
 
 // PartitionLeases lists the partitions with their live owners.
-func (d *Dialect) PartitionLeases() sqladapters.Query {
+func (d *sqlDialect) PartitionLeases() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT partition,
 	CASE WHEN expires_at > ` + now + ` THEN owner END,
 	CASE WHEN expires_at > ` + now + ` AND owner IS NOT NULL
@@ -78,7 +76,7 @@ func deadWhere(w ops.Where) (string, []any) {
 
 // SelectDeadLetters pages through the dead rows matching w. created_at and
 // dead_at are bare columns, so drivers see their declared TIMESTAMP type.
-func (d *Dialect) SelectDeadLetters(w ops.Where, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectDeadLetters(w ops.Where, afterID int64, limit int) sqladapters.Query {
 	where, args := deadWhere(w)
 	return sqladapters.Query{
 		SQL: `SELECT ` + rowColumns + `, coalesce(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
@@ -88,7 +86,7 @@ WHERE ` + where + ` AND o.id > ? ORDER BY o.id LIMIT ?`,
 }
 
 // SelectDeadLetterIDs pages through the ids of the dead rows matching w.
-func (d *Dialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sqladapters.Query {
 	where, args := deadWhere(w)
 	return sqladapters.Query{
 		SQL:  `SELECT o.id FROM ` + d.outbox + ` o WHERE ` + where + ` AND o.id > ? ORDER BY o.id LIMIT ?`,
@@ -97,13 +95,13 @@ func (d *Dialect) SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sql
 }
 
 // CountDeadLetters counts the dead rows matching w.
-func (d *Dialect) CountDeadLetters(w ops.Where) sqladapters.Query {
+func (d *sqlDialect) CountDeadLetters(w ops.Where) sqladapters.Query {
 	where, args := deadWhere(w)
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.outbox + ` o WHERE ` + where, Args: args}
 }
 
 // GroupDeadLetters groups the dead rows matching w by last error.
-func (d *Dialect) GroupDeadLetters(w ops.Where, limit int) sqladapters.Query {
+func (d *sqlDialect) GroupDeadLetters(w ops.Where, limit int) sqladapters.Query {
 	where, args := deadWhere(w)
 	return sqladapters.Query{
 		SQL: `SELECT coalesce(o.last_error, '') AS e, count(*), min(o.id), ` + ageMicros(`min(o.dead_at)`) + `, ` + ageMicros(`max(o.dead_at)`) + `
@@ -114,7 +112,7 @@ GROUP BY e ORDER BY count(*) DESC, min(o.id) LIMIT ?`,
 }
 
 // DeleteDeadLetters deletes the given rows that are still dead.
-func (d *Dialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
+func (d *sqlDialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `DELETE FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL AND published_at IS NULL AND id IN (SELECT value FROM json_each(?))`,
 		Args: []any{idList(ids)},
@@ -122,7 +120,7 @@ func (d *Dialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
 }
 
 // CountForwardedBefore counts kept rows published before t.
-func (d *Dialect) CountForwardedBefore(t time.Time) sqladapters.Query {
+func (d *sqlDialect) CountForwardedBefore(t time.Time) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT count(*) FROM ` + d.outbox + ` WHERE published_at < ?`,
 		Args: []any{formatTime(t)},
@@ -131,7 +129,7 @@ func (d *Dialect) CountForwardedBefore(t time.Time) sqladapters.Query {
 
 // SelectForwardedIDs pages through kept rows published before t, along the
 // rowid.
-func (d *Dialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query {
+func (d *sqlDialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT id FROM ` + d.outbox + ` WHERE id > ? AND published_at < ? ORDER BY id LIMIT ?`,
 		Args: []any{afterID, formatTime(t), limit},
@@ -139,7 +137,7 @@ func (d *Dialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqla
 }
 
 // CountInboxBefore counts the inbox records received before t.
-func (d *Dialect) CountInboxBefore(t time.Time) sqladapters.Query {
+func (d *sqlDialect) CountInboxBefore(t time.Time) sqladapters.Query {
 	return sqladapters.Query{
 		SQL:  `SELECT count(*) FROM ` + d.inbox + ` WHERE received_at < ?`,
 		Args: []any{formatTime(t)},

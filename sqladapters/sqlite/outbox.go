@@ -20,11 +20,11 @@ const (
 
 // MaxMessageBytes returns MaxMessageBytes; the publisher refuses larger
 // messages before it writes anything.
-func (d *Dialect) MaxMessageBytes() int { return MaxMessageBytes }
+func (d *sqlDialect) MaxMessageBytes() int { return MaxMessageBytes }
 
 // Savepoint returns the statements the publisher writes a call of several
 // INSERTs under, so that a failed call leaves nothing behind.
-func (d *Dialect) Savepoint() (set, rollback, release sqladapters.Query) {
+func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query) {
 	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
@@ -33,7 +33,7 @@ func (d *Dialect) Savepoint() (set, rollback, release sqladapters.Query) {
 // InsertOutbox inserts msgs with one multi-row INSERT per 5,000 messages.
 // SQLite assigns ids in VALUES order, and AUTOINCREMENT keeps them above
 // every id ever used. There is no notification: forwarders poll.
-func (d *Dialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query {
+func (d *sqlDialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query {
 	var qs []sqladapters.Query
 	for start := 0; start < len(msgs); start += rowsPerInsert {
 		end := min(start+rowsPerInsert, len(msgs))
@@ -42,7 +42,7 @@ func (d *Dialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Q
 	return qs
 }
 
-func (d *Dialect) insertChunk(msgs []sqladapters.OutboxMessage) sqladapters.Query {
+func (d *sqlDialect) insertChunk(msgs []sqladapters.OutboxMessage) sqladapters.Query {
 	var b strings.Builder
 	b.Grow(80 + len(msgs)*len("(?,?,?,?,?,?),"))
 	b.WriteString("INSERT INTO ")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 const (
@@ -48,17 +49,34 @@ type Options struct {
 	InboxTable string
 }
 
-// Dialect is the SQLite dialect. Build it with New.
+// Dialect is the SQLite implementation of the store contract,
+// sqladapters.Dialect, for one millbox installation (its outbox, lease and
+// inbox tables). Build it with New; pass it to the publisher, the
+// forwarder, the inbox and the operations tools.
 type Dialect struct {
+	*sqlstore.Store
+	sql *sqlDialect
+}
+
+var _ sqladapters.Dialect = (*Dialect)(nil)
+
+// sqlDialect builds the SQLite statements the Store runs.
+type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
 	migrateLock                             string
 }
 
-var _ sqladapters.Dialect = (*Dialect)(nil)
-
 // New validates opts, applies defaults and returns the dialect.
 func New(opts Options) (*Dialect, error) {
+	b, err := newSQL(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Dialect{Store: sqlstore.New(b), sql: b}, nil
+}
+
+func newSQL(opts Options) (*sqlDialect, error) {
 	opts.OutboxTable = cmp.Or(opts.OutboxTable, DefaultOutboxTable)
 	opts.InboxTable = cmp.Or(opts.InboxTable, DefaultInboxTable)
 	for _, f := range []struct{ field, name string }{
@@ -84,7 +102,7 @@ func New(opts Options) (*Dialect, error) {
 		}
 		seen[strings.ToLower(name)] = true
 	}
-	return &Dialect{
+	return &sqlDialect{
 		opts:        opts,
 		outbox:      quote(opts.OutboxTable),
 		inbox:       quote(opts.InboxTable),
@@ -119,11 +137,11 @@ func objectNames(opts Options) []string {
 func quote(ident string) string { return `"` + ident + `"` }
 
 // Name returns "sqlite".
-func (d *Dialect) Name() string { return "sqlite" }
+func (d *sqlDialect) Name() string { return "sqlite" }
 
 // Features reports SQLite's capabilities: transactional DDL, and nothing
 // else a server database offers.
-func (d *Dialect) Features() sqladapters.Features {
+func (d *sqlDialect) Features() sqladapters.Features {
 	return sqladapters.Features{
 		TransactionalDDL:  true,
 		Notify:            false,
@@ -134,14 +152,14 @@ func (d *Dialect) Features() sqladapters.Features {
 }
 
 // OutboxTable returns the quoted outbox table name.
-func (d *Dialect) OutboxTable() string { return d.outbox }
+func (d *sqlDialect) OutboxTable() string { return d.outbox }
 
 // InboxTable returns the quoted inbox table name.
-func (d *Dialect) InboxTable() string { return d.inbox }
+func (d *sqlDialect) InboxTable() string { return d.inbox }
 
 // NotifyChannel returns "": SQLite has no notifications. Forwarders poll,
 // and are woken in-process by publishers in the same process.
-func (d *Dialect) NotifyChannel() string { return "" }
+func (d *sqlDialect) NotifyChannel() string { return "" }
 
 // SQLite result codes ClassifyError recognizes.
 const (
@@ -159,7 +177,7 @@ type coder interface{ Code() int }
 // It reads the SQLite result code from errors with a Code() int method
 // (modernc.org/sqlite) and otherwise matches SQLite's error text, which
 // every driver passes on (mattn/go-sqlite3, ncruces/go-sqlite3).
-func (d *Dialect) ClassifyError(err error) error {
+func (d *sqlDialect) ClassifyError(err error) error {
 	if err == nil || errors.Is(err, sqladapters.ErrMissingTable) || errors.Is(err, sqladapters.ErrDuplicate) {
 		return err
 	}
@@ -211,10 +229,12 @@ func idList[T int | int64](ids []T) string {
 }
 
 // Options returns the options the dialect was built with, defaults applied.
-func (d *Dialect) Options() Options { return d.opts }
+func (d *Dialect) Options() Options { return d.sql.opts }
 
 // Tables returns the quoted names of every table the migrations create, for
 // tools that clean up or inspect them.
-func (d *Dialect) Tables() []string {
+func (d *Dialect) Tables() []string { return d.sql.tables() }
+
+func (d *sqlDialect) tables() []string {
 	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate}
 }

@@ -19,7 +19,7 @@ func TestSQLiteDialect(t *testing.T) {
 		MustNew:  func(o Options) sqladapters.Dialect { return MustNew(o) },
 		Outbox:   `"millbox_outbox"`,
 		Inbox:    `"millbox_inbox"`,
-		Features: sqladapters.Features{TransactionalDDL: true, ExcludeInSQL: true},
+		Features: sqladapters.Features{TransactionalDDL: true, ExcludeInSQL: true, HighWaterMark: true},
 		BadNames: map[string]Options{
 			"quote":            {OutboxTable: `x"; DROP TABLE y; --`},
 			"space":            {OutboxTable: "my table"},
@@ -63,7 +63,6 @@ func TestSQLiteDialect(t *testing.T) {
 			&codeErr{275, "CHECK constraint failed: x <> 'UNIQUE constraint failed'"},
 			errors.New("syntax error"),
 		},
-		Reclassified:    true,
 		ChunkRows:       rowsPerInsert*2 + 1,
 		ChunkStatements: 3,
 		MaxArgs:         32766,
@@ -126,22 +125,6 @@ func TestSQLiteIDList(t *testing.T) {
 	}
 	if got := idList([]int{}); got != "[]" {
 		t.Fatalf("empty idList = %s", got)
-	}
-}
-
-func TestSQLiteRequeueAndPartitionListsKeepNilMeaning(t *testing.T) {
-	d := MustNew(Options{})
-	if q := d.RequeueDeadLetters(nil); strings.Contains(q.SQL, "json_each") {
-		t.Fatalf("nil ids must requeue every dead row:\n%s", q.SQL)
-	}
-	if q := d.RequeueDeadLetters([]int64{}); q.Args[0] != "[]" {
-		t.Fatalf("empty ids must requeue none: %v", q.Args)
-	}
-	if q := d.SelectPending(sqladapters.PendingQuery{Limit: 1}); strings.Contains(q.SQL, "key_hash %") {
-		t.Fatalf("nil Owned must read every partition:\n%s", q.SQL)
-	}
-	if q := d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 1}); !strings.Contains(q.SQL, "key_hash %") || q.Args[2] != "[]" {
-		t.Fatalf("empty Owned must read no partition: %v\n%s", q.Args, q.SQL)
 	}
 }
 

@@ -2,11 +2,9 @@ package sqlite
 
 import "github.com/millbox/millbox/sqladapters"
 
-var _ sqladapters.OutboxStatsDialect = (*Dialect)(nil)
-
 // OutboxStats counts pending and dead rows and measures the age of the
 // oldest pending row by the database clock.
-func (d *Dialect) OutboxStats() sqladapters.Query {
+func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
 	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL),

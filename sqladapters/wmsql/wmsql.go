@@ -36,6 +36,7 @@ func WrapBeginner(b wsql.Beginner) sqladapters.DB {
 		if db := fromPgxConn(t.Conn); db != nil {
 			return db
 		}
+		return &pgxConnDB{genericDB: genericDB{executor: executor{b}, b: b}, conn: t.Conn}
 	case wsql.StdSQLBeginner:
 		if db, ok := t.SQLBeginner.(*stdsqlpkg.DB); ok {
 			return stdsql.WrapDB(db)
@@ -109,3 +110,29 @@ func (d *genericDB) Begin(ctx context.Context, opts stdsqlpkg.TxOptions) (sqlada
 }
 
 func (d *genericDB) Unwrap() any { return d.b }
+
+// pgxConnDB adapts a watermill-sql pgx connection that is neither a pool
+// nor a *pgx.Conn. watermill-sql begins its transactions SERIALIZABLE when
+// no isolation level is asked for; this adapter keeps the database's
+// default level then, as the other adapters do, so that concurrent
+// transactions wait for each other instead of failing with serialization
+// errors.
+type pgxConnDB struct {
+	genericDB
+	conn wsql.Conn
+}
+
+func (d *pgxConnDB) Begin(ctx context.Context, opts stdsqlpkg.TxOptions) (sqladapters.Tx, error) {
+	if opts.Isolation != stdsqlpkg.LevelDefault {
+		return d.genericDB.Begin(ctx, opts)
+	}
+	var o pgx.TxOptions
+	if opts.ReadOnly {
+		o.AccessMode = pgx.ReadOnly
+	}
+	tx, err := d.conn.BeginTx(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	return pgxv5.WrapTx(tx), nil
+}

@@ -264,7 +264,7 @@ func exercise(t *testing.T, in installation) {
 	publish(published...)
 	inboxRecord := func(consumer, id string) {
 		t.Helper()
-		if _, err := in.dialect.InsertInbox(consumer, id).Exec(ctx, in.db); err != nil {
+		if _, err := in.dialect.RecordInbox(ctx, in.db, consumer, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -295,8 +295,7 @@ func exercise(t *testing.T, in installation) {
 	}
 	kill := func(uuid, errText string) {
 		t.Helper()
-		q := in.dialect.RecordFailure(sqladapters.Failure{ID: ids[uuid], Attempts: 10, Error: errText, Dead: true})
-		if n, err := q.Exec(ctx, in.db); err != nil || n != 1 {
+		if n, err := in.dialect.RecordFailure(ctx, in.db, sqladapters.Failure{ID: ids[uuid], Attempts: 10, Error: errText, Dead: true}); err != nil || n != 1 {
 			t.Fatalf("record failure of %s: %d rows, %v", uuid, n, err)
 		}
 	}
@@ -480,24 +479,11 @@ func exercise(t *testing.T, in installation) {
 // pendingRows reads the pending rows through the dialect.
 func pendingRows(t *testing.T, ctx context.Context, in installation) []sqladapters.OutboxRow {
 	t.Helper()
-	rows, err := in.dialect.SelectPending(sqladapters.PendingQuery{Limit: 100}).Query(ctx, in.db)
+	rows, err := in.dialect.ReadPending(ctx, in.db, sqladapters.PendingQuery{Limit: 100}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	var out []sqladapters.OutboxRow
-	for rows.Next() {
-		var r sqladapters.OutboxRow
-		var key sql.NullString
-		if err := rows.Scan(&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return rows
 }
 
 // recorder is a destination publisher that keeps what it was given.

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
@@ -93,7 +94,11 @@ func migrateSQL(e env, c *common, db string) error {
 // MigrationSQL leaves out.
 func createSchema(d sqladapters.Dialect) []sqladapters.Query {
 	var qs []sqladapters.Query
-	for _, q := range d.CreateMigrationsTable() {
+	b, ok := sqlstore.BuilderOf(d)
+	if !ok {
+		return nil
+	}
+	for _, q := range b.CreateMigrationsTable() {
 		s := strings.ToUpper(strings.TrimSpace(q.SQL))
 		if strings.HasPrefix(s, "CREATE SCHEMA") || strings.HasPrefix(s, "CREATE DATABASE") {
 			qs = append(qs, q)

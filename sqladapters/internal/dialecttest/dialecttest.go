@@ -5,12 +5,24 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
-// Statements returns one of every statement d builds, by name, plus the
-// edge cases that change the SQL text: no owned partitions, and empty id
-// and partition lists.
-func Statements(d sqladapters.Dialect) map[string]sqladapters.Query {
+// Builder returns the SQL builder behind d, a dialect of one of millbox's
+// database packages. It panics for any other dialect.
+func Builder(d sqladapters.Dialect) sqlstore.Builder {
+	b, ok := sqlstore.BuilderOf(d)
+	if !ok {
+		panic(fmt.Sprintf("dialecttest: %T has no SQL builder", d))
+	}
+	return b
+}
+
+// Statements returns one of every statement the builder behind d builds,
+// by name, plus the edge cases that change the SQL text: no owned
+// partitions, and empty id and partition lists.
+func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
+	d := Builder(dialect)
 	msgs := []sqladapters.OutboxMessage{{Topic: "t", UUID: "u", Payload: []byte("p"), Metadata: []byte(`{}`), Key: "k", KeyHash: 3}}
 	lock, unlock := d.LockMigrations()
 	qs := map[string]sqladapters.Query{
@@ -45,7 +57,7 @@ func Statements(d sqladapters.Dialect) map[string]sqladapters.Query {
 		"InsertInbox":        d.InsertInbox("c", "m"),
 		"DeleteInboxBefore":  d.DeleteInboxBefore(time.Now(), 10),
 	}
-	if s, ok := d.(sqladapters.PendingReadSetup); ok {
+	if s, ok := d.(sqlstore.PendingReadSetup); ok {
 		for i, q := range s.PendingReadSetup() {
 			qs[fmt.Sprint("PendingReadSetup", i)] = q
 		}

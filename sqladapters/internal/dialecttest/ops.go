@@ -4,13 +4,30 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 	"github.com/millbox/millbox/sqladapters/ops"
 )
 
-// addOpsStatements adds the statements of the operations API when d
-// implements it: with no filter, and with every filter set.
-func addOpsStatements(qs map[string]sqladapters.Query, d sqladapters.Dialect) {
-	od, ok := d.(ops.Dialect)
+// opsBuilder has the statements of the operations API that the builders
+// of millbox's database packages build besides the store's.
+type opsBuilder interface {
+	TopicStats() sqladapters.Query
+	InboxStats() sqladapters.Query
+	PartitionLeases() sqladapters.Query
+	SelectDeadLetters(w ops.Where, afterID int64, limit int) sqladapters.Query
+	SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sqladapters.Query
+	CountDeadLetters(w ops.Where) sqladapters.Query
+	GroupDeadLetters(w ops.Where, limit int) sqladapters.Query
+	DeleteDeadLetters(ids []int64) sqladapters.Query
+	CountForwardedBefore(t time.Time) sqladapters.Query
+	SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query
+	CountInboxBefore(t time.Time) sqladapters.Query
+}
+
+// addOpsStatements adds the statements of the operations API when b
+// builds them: with no filter, and with every filter set.
+func addOpsStatements(qs map[string]sqladapters.Query, b sqlstore.Builder) {
+	od, ok := b.(opsBuilder)
 	if !ok {
 		return
 	}

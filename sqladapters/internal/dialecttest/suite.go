@@ -55,11 +55,9 @@ type Spec[O any] struct {
 	Qualifier string
 
 	// Duplicate, Missing and Other are driver errors ClassifyError maps to
-	// ErrDuplicate, to a *MissingTableError, and leaves alone.
+	// ErrDuplicate, to a *MissingTableError, and leaves alone. Classifying
+	// a classified error again returns it unchanged.
 	Duplicate, Missing, Other []error
-	// Reclassified is true when classifying a classified error returns it
-	// unchanged.
-	Reclassified bool
 
 	// ChunkRows messages of InsertOutbox make ChunkStatements statements of
 	// at most MaxArgs arguments.
@@ -202,7 +200,7 @@ func (s Spec[O]) classifyError(t *testing.T) {
 		if !errors.Is(got, sqladapters.ErrDuplicate) || !errors.Is(got, err) {
 			t.Errorf("%v: want ErrDuplicate wrapping it, got %v", err, got)
 		}
-		if s.Reclassified && d.ClassifyError(got) != got {
+		if d.ClassifyError(got) != got {
 			t.Errorf("%v: classified twice", err)
 		}
 	}
@@ -215,7 +213,7 @@ func (s Spec[O]) classifyError(t *testing.T) {
 		if !strings.Contains(got.Error(), "sqladapters.Migrate") {
 			t.Errorf("%v: the error does not say how to create the tables: %v", err, got)
 		}
-		if s.Reclassified && d.ClassifyError(got) != got {
+		if d.ClassifyError(got) != got {
 			t.Errorf("%v: classified twice", err)
 		}
 	}
@@ -228,7 +226,7 @@ func (s Spec[O]) classifyError(t *testing.T) {
 
 func (s Spec[O]) insertOutboxChunks(t *testing.T) {
 	var zero O
-	d := s.MustNew(zero)
+	d := Builder(s.MustNew(zero))
 	msgs := make([]sqladapters.OutboxMessage, s.ChunkRows)
 	for i := range msgs {
 		msgs[i] = sqladapters.OutboxMessage{Topic: "t", UUID: fmt.Sprint(i), Payload: []byte("x"), Metadata: []byte(`{}`)}
@@ -260,7 +258,7 @@ func (s Spec[O]) insertOutboxChunks(t *testing.T) {
 // insertOutboxBySize checks that large messages split an insert by size,
 // and that one over the budget goes alone.
 func (s Spec[O]) insertOutboxBySize(t *testing.T) {
-	d := s.MustNew(s.SizeOptions)
+	d := Builder(s.MustNew(s.SizeOptions))
 	payloads := map[int][]byte{}
 	var msgs []sqladapters.OutboxMessage
 	for _, size := range s.SizePayloads {
@@ -280,7 +278,7 @@ func (s Spec[O]) insertOutboxBySize(t *testing.T) {
 
 func (s Spec[O]) insertOutboxValues(t *testing.T) {
 	var zero O
-	q := s.MustNew(zero).InsertOutbox([]sqladapters.OutboxMessage{
+	q := Builder(s.MustNew(zero)).InsertOutbox([]sqladapters.OutboxMessage{
 		{Topic: "t", UUID: "a", Payload: nil, Metadata: []byte(`{"k":"v"}`), Key: "", KeyHash: 9},
 		{Topic: "t", UUID: "b", Payload: []byte{0}, Metadata: nil, Key: "key", KeyHash: 1},
 	})[0]

@@ -87,10 +87,18 @@ func Names(t testing.TB, db *sql.DB, opts mysql.Options) mysql.Options {
 // connection's database; the tables are dropped after the test.
 func Dialect(t testing.TB, db *sql.DB, opts mysql.Options) *mysql.Dialect {
 	t.Helper()
+	d := Fresh(t, db, opts)
+	dialecttest.Migrate(t, stdsql.WrapDB(db), d)
+	return d
+}
+
+// Fresh returns a dialect with fresh table names, not migrated; the tables,
+// if anything creates them, are dropped after the test.
+func Fresh(t testing.TB, db *sql.DB, opts mysql.Options) *mysql.Dialect {
+	t.Helper()
 	d, err := mysql.New(Names(t, db, opts))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dialecttest.Migrate(t, stdsql.WrapDB(db), d)
 	return d
 }

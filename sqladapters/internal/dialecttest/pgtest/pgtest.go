@@ -50,6 +50,15 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // is dropped through pool after the test.
 func Dialect(t testing.TB, db sqladapters.DB, pool *pgxpool.Pool, opts postgres.Options) *postgres.Dialect {
 	t.Helper()
+	d := Fresh(t, pool, opts)
+	dialecttest.Migrate(t, db, d)
+	return d
+}
+
+// Fresh returns a dialect of a fresh schema, not migrated; the schema, if
+// anything creates it, is dropped through pool after the test.
+func Fresh(t testing.TB, pool *pgxpool.Pool, opts postgres.Options) *postgres.Dialect {
+	t.Helper()
 	opts.Schema = dialecttest.UniqueName("t_")
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -62,6 +71,5 @@ func Dialect(t testing.TB, db sqladapters.DB, pool *pgxpool.Pool, opts postgres.
 	if err != nil {
 		t.Fatal(err)
 	}
-	dialecttest.Migrate(t, db, d)
 	return d
 }

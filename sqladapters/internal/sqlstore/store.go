@@ -1,0 +1,516 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// maxReadLimit bounds a read that over-reads to skip rows in flight, on a
+// database that cannot leave them out in SQL.
+const maxReadLimit = 50000
+
+// Store implements sqladapters.Dialect on top of a Builder. Database
+// packages embed it in their dialect type.
+type Store struct {
+	b Builder
+}
+
+var _ sqladapters.Dialect = (*Store)(nil)
+
+// New returns the Store running b's SQL.
+func New(b Builder) *Store { return &Store{b: b} }
+
+// store lets BuilderOf find the Store embedded in a database package's
+// dialect type.
+func (s *Store) store() *Store { return s }
+
+// BuilderOf returns the Builder behind a dialect of one of millbox's
+// database packages, for the operations tools that build SQL of their
+// own on it.
+func BuilderOf(d any) (Builder, bool) {
+	e, ok := d.(interface{ store() *Store })
+	if !ok || e.store() == nil {
+		return nil, false
+	}
+	return e.store().b, true
+}
+
+// Name implements sqladapters.Dialect.
+func (s *Store) Name() string { return s.b.Name() }
+
+// Features implements sqladapters.Dialect.
+func (s *Store) Features() sqladapters.Features {
+	f := s.b.Features()
+	_, f.HighWaterMark = s.b.(HighWaterMark)
+	return f
+}
+
+// OutboxTable implements sqladapters.Dialect.
+func (s *Store) OutboxTable() string { return s.b.OutboxTable() }
+
+// InboxTable implements sqladapters.Dialect.
+func (s *Store) InboxTable() string { return s.b.InboxTable() }
+
+// NotifyChannel implements sqladapters.Dialect.
+func (s *Store) NotifyChannel() string { return s.b.NotifyChannel() }
+
+// ClassifyError implements sqladapters.Dialect.
+func (s *Store) ClassifyError(err error) error {
+	if err == nil || errors.Is(err, sqladapters.ErrMissingTable) || errors.Is(err, sqladapters.ErrDuplicate) {
+		return err // classified already
+	}
+	return s.b.ClassifyError(err)
+}
+
+// Migrations implements sqladapters.Dialect.
+func (s *Store) Migrations() []sqladapters.Migration { return s.b.Migrations() }
+
+// Migrate implements sqladapters.Dialect.
+func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx) (err error) {
+	lock, unlock := s.b.LockMigrations()
+	if lock.SQL != "" {
+		if _, err := lock.Exec(ctx, tx); err != nil {
+			return fmt.Errorf("take migration lock: %w", s.ClassifyError(err))
+		}
+		if unlock.SQL != "" {
+			// A lock that outlives the transaction (MySQL's GET_LOCK
+			// belongs to the connection) must be released on failure too,
+			// or the pooled connection keeps it and blocks every later
+			// migrator.
+			defer func() {
+				if err != nil {
+					uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+					defer cancel()
+					_, _ = unlock.Exec(uctx, tx)
+				}
+			}()
+		}
+	}
+	for _, q := range s.b.CreateMigrationsTable() {
+		if _, err := q.Exec(ctx, tx); err != nil {
+			return fmt.Errorf("create migrations table: %w", s.ClassifyError(err))
+		}
+	}
+	applied := map[int]bool{}
+	err = s.query(ctx, tx, s.b.AppliedMigrations(), func(r sqladapters.Rows) error {
+		var v int
+		if err := r.Scan(&v); err != nil {
+			return err
+		}
+		applied[v] = true
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read applied migrations: %w", err)
+	}
+	for _, m := range s.b.Migrations() {
+		if applied[m.Version] {
+			continue
+		}
+		for _, stmt := range m.Statements {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, s.ClassifyError(err))
+			}
+		}
+		if _, err := s.b.RecordMigration(m.Version, m.Name).Exec(ctx, tx); err != nil {
+			return fmt.Errorf("record migration %d: %w", m.Version, s.ClassifyError(err))
+		}
+	}
+	if unlock.SQL != "" {
+		if _, err := unlock.Exec(ctx, tx); err != nil {
+			return fmt.Errorf("release migration lock: %w", s.ClassifyError(err))
+		}
+	}
+	return nil
+}
+
+// MaxMessageBytes implements sqladapters.Dialect.
+func (s *Store) MaxMessageBytes() int {
+	if l, ok := s.b.(MessageLimiter); ok {
+		return l.MaxMessageBytes()
+	}
+	return 0
+}
+
+// InsertOutbox implements sqladapters.Dialect. Several statements run
+// under a savepoint where the database has them, so that a failure in a
+// later one takes the earlier ones back.
+func (s *Store) InsertOutbox(ctx context.Context, tx sqladapters.Executor, msgs []sqladapters.OutboxMessage) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	qs := s.b.InsertOutbox(msgs)
+	sp, ok := s.b.(Savepointer)
+	if len(qs) == 1 || !ok {
+		for _, q := range qs {
+			if _, err := q.Exec(ctx, tx); err != nil {
+				return s.ClassifyError(err)
+			}
+		}
+		return nil
+	}
+	set, rollback, release := sp.Savepoint()
+	if _, err := set.Exec(ctx, tx); err != nil {
+		return s.ClassifyError(err)
+	}
+	for _, q := range qs {
+		if _, err := q.Exec(ctx, tx); err != nil {
+			return s.undo(ctx, tx, rollback, release, s.ClassifyError(err))
+		}
+	}
+	_, err := release.Exec(ctx, tx)
+	return s.ClassifyError(err)
+}
+
+// undo rolls tx back to the savepoint after err and releases it. The
+// caller's context may be what failed the statement, so undo runs under a
+// fresh short timeout.
+func (s *Store) undo(ctx context.Context, tx sqladapters.Executor, rollback, release sqladapters.Query, err error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, rerr := rollback.Exec(ctx, tx); rerr != nil {
+		return fmt.Errorf("%w (rolling back to the savepoint failed too: %v)", err, rerr)
+	}
+	_, _ = release.Exec(ctx, tx)
+	return err
+}
+
+// ReadPending implements sqladapters.Dialect.
+func (s *Store) ReadPending(ctx context.Context, e sqladapters.Executor, q sqladapters.PendingQuery, backlog bool) ([]sqladapters.OutboxRow, error) {
+	limit := q.Limit
+	excludeInSQL := s.b.Features().ExcludeInSQL
+	if !excludeInSQL && len(q.Exclude) > 0 {
+		q.Limit = min(q.Limit+len(q.Exclude), maxReadLimit)
+	}
+	on := e
+	setup, ok := s.b.(PendingReadSetup)
+	if db, isDB := e.(sqladapters.DB); ok && isDB && backlog {
+		tx, err := s.readTx(ctx, db, setup.PendingReadSetup())
+		if err != nil {
+			return nil, s.ClassifyError(err)
+		}
+		defer sqladapters.Rollback(tx)
+		on = tx
+	}
+	sel := s.b.SelectPending
+	ages, withAge := s.b.(PendingAges)
+	if withAge {
+		sel = ages.SelectPendingWithAge
+	}
+	rows, err := sel(q).Query(ctx, on)
+	if err != nil {
+		return nil, s.ClassifyError(err)
+	}
+	defer rows.Close()
+	out := make([]sqladapters.OutboxRow, 0, min(q.Limit, 4096))
+	// One set of scan targets for all rows: a fresh one per row would put
+	// every row on the heap twice.
+	var (
+		r      sqladapters.OutboxRow
+		key    sql.NullString
+		micros sql.NullInt64
+	)
+	dest := []any{&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts, &micros}
+	if !withAge {
+		dest = dest[:7]
+	}
+	for rows.Next() {
+		r, key, micros = sqladapters.OutboxRow{}, sql.NullString{}, sql.NullInt64{}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("scan outbox row: %w", err)
+		}
+		r.Key = key.String
+		r.Age = time.Duration(micros.Int64) * time.Microsecond
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.ClassifyError(err)
+	}
+	if !excludeInSQL && len(q.Exclude) > 0 {
+		out = slices.DeleteFunc(out, func(r sqladapters.OutboxRow) bool { return slices.Contains(q.Exclude, r.ID) })
+		if len(out) > limit {
+			out = out[:limit]
+		}
+	}
+	return out, nil
+}
+
+// readTx begins the read-only transaction a backlog read runs in and
+// applies its settings.
+func (s *Store) readTx(ctx context.Context, db sqladapters.DB, setup []sqladapters.Query) (sqladapters.Tx, error) {
+	tx, err := db.Begin(ctx, sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range setup {
+		if _, err := q.Exec(ctx, tx); err != nil {
+			sqladapters.Rollback(tx)
+			return nil, err
+		}
+	}
+	return tx, nil
+}
+
+// CompleteForwarded implements sqladapters.Dialect.
+func (s *Store) CompleteForwarded(ctx context.Context, e sqladapters.Executor, ids []int64, keep bool) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	return s.exec(ctx, e, s.b.CompleteForwarded(ids, keep))
+}
+
+// RecordFailure implements sqladapters.Dialect.
+func (s *Store) RecordFailure(ctx context.Context, e sqladapters.Executor, f sqladapters.Failure) (int64, error) {
+	// The error text comes from a publisher: Postgres refuses invalid
+	// UTF-8 and NUL bytes, which would leave the failure unrecorded.
+	f.Error = strings.ReplaceAll(strings.ToValidUTF8(f.Error, "\uFFFD"), "\x00", "")
+	return s.exec(ctx, e, s.b.RecordFailure(f))
+}
+
+// HighWaterMark implements sqladapters.Dialect.
+func (s *Store) HighWaterMark(ctx context.Context, e sqladapters.Executor) (int64, error) {
+	hw, ok := s.b.(HighWaterMark)
+	if !ok {
+		return 0, fmt.Errorf("%w: %s has no high-water mark", errors.ErrUnsupported, s.b.Name())
+	}
+	return s.queryInt(ctx, e, hw.HighWaterMark())
+}
+
+// NotifyProbe implements sqladapters.Dialect.
+func (s *Store) NotifyProbe(ctx context.Context, e sqladapters.Executor) error {
+	p, ok := s.b.(NotifyProber)
+	if !ok || s.b.NotifyChannel() == "" {
+		return fmt.Errorf("%w: the %s dialect does not notify", errors.ErrUnsupported, s.b.Name())
+	}
+	_, err := s.exec(ctx, e, p.NotifyProbe())
+	return err
+}
+
+// OutboxStats implements sqladapters.Dialect.
+func (s *Store) OutboxStats(ctx context.Context, e sqladapters.Executor) (sqladapters.OutboxStats, error) {
+	var st sqladapters.OutboxStats
+	sd, ok := s.b.(OutboxStats)
+	if !ok {
+		err := s.query(ctx, e, s.b.CountOutbox(), func(r sqladapters.Rows) error { return r.Scan(&st.Pending, &st.Dead) })
+		st.OldestPendingAge = -1
+		return st, err
+	}
+	var ageMicros int64
+	err := s.query(ctx, e, sd.OutboxStats(), func(r sqladapters.Rows) error {
+		return r.Scan(&st.Pending, &st.Dead, &ageMicros)
+	})
+	// A row written a moment ago by a database whose clock steps back
+	// would show a negative age.
+	st.OldestPendingAge = max(time.Duration(ageMicros)*time.Microsecond, 0)
+	return st, err
+}
+
+// ListDeadLetters implements sqladapters.Dialect.
+func (s *Store) ListDeadLetters(ctx context.Context, e sqladapters.Executor, afterID int64, limit int) ([]sqladapters.DeadLetter, error) {
+	var out []sqladapters.DeadLetter
+	err := s.query(ctx, e, s.b.ListDeadLetters(afterID, limit), func(r sqladapters.Rows) error {
+		dl, err := ScanDeadLetter(r)
+		out = append(out, dl)
+		return err
+	})
+	return out, err
+}
+
+// ScanDeadLetter scans one row of ListDeadLetters' columns.
+func ScanDeadLetter(r sqladapters.Rows) (sqladapters.DeadLetter, error) {
+	var (
+		dl      sqladapters.DeadLetter
+		key     sql.NullString
+		lastErr sql.NullString
+	)
+	err := r.Scan(&dl.ID, &dl.Topic, &dl.UUID, &dl.Payload, &dl.Metadata, &key, &dl.Attempts, &lastErr, &dl.CreatedAt, &dl.DeadAt)
+	dl.Key, dl.LastError = key.String, lastErr.String
+	return dl, err
+}
+
+// RequeueDeadLetters implements sqladapters.Dialect.
+func (s *Store) RequeueDeadLetters(ctx context.Context, e sqladapters.Executor, ids []int64) (int64, error) {
+	if ids != nil && len(ids) == 0 {
+		return 0, nil
+	}
+	return s.exec(ctx, e, s.b.RequeueDeadLetters(ids))
+}
+
+// EnsurePartitions implements sqladapters.Dialect.
+func (s *Store) EnsurePartitions(ctx context.Context, e sqladapters.Executor, n int) error {
+	for _, q := range s.b.EnsurePartitions(n) {
+		if _, err := s.exec(ctx, e, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CountPartitions implements sqladapters.Dialect.
+func (s *Store) CountPartitions(ctx context.Context, e sqladapters.Executor) (int, error) {
+	n, err := s.queryInt(ctx, e, s.b.CountPartitions())
+	return int(n), err
+}
+
+// Heartbeat implements sqladapters.Dialect.
+func (s *Store) Heartbeat(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration) error {
+	_, err := s.exec(ctx, e, s.b.Heartbeat(instance, ttl))
+	return err
+}
+
+// CountMembers implements sqladapters.Dialect.
+func (s *Store) CountMembers(ctx context.Context, e sqladapters.Executor) (int, error) {
+	n, err := s.queryInt(ctx, e, s.b.CountMembers())
+	return int(n), err
+}
+
+// RemoveMember implements sqladapters.Dialect.
+func (s *Store) RemoveMember(ctx context.Context, e sqladapters.Executor, instance string) error {
+	_, err := s.exec(ctx, e, s.b.RemoveMember(instance))
+	return err
+}
+
+// ClaimPartitions implements sqladapters.Dialect.
+func (s *Store) ClaimPartitions(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration, max int) error {
+	_, err := s.exec(ctx, e, s.b.ClaimPartitions(instance, ttl, max))
+	return err
+}
+
+// RenewPartitions implements sqladapters.Dialect.
+func (s *Store) RenewPartitions(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration) error {
+	_, err := s.exec(ctx, e, s.b.RenewPartitions(instance, ttl))
+	return err
+}
+
+// OwnedPartitions implements sqladapters.Dialect.
+func (s *Store) OwnedPartitions(ctx context.Context, e sqladapters.Executor, instance string) ([]int, error) {
+	var owned []int
+	err := s.query(ctx, e, s.b.OwnedPartitions(instance), func(r sqladapters.Rows) error {
+		var p int
+		err := r.Scan(&p)
+		owned = append(owned, p)
+		return err
+	})
+	return owned, err
+}
+
+// ReleasePartitions implements sqladapters.Dialect.
+func (s *Store) ReleasePartitions(ctx context.Context, e sqladapters.Executor, instance string, partitions []int) error {
+	if len(partitions) == 0 {
+		return nil
+	}
+	_, err := s.exec(ctx, e, s.b.ReleasePartitions(instance, partitions))
+	return err
+}
+
+// RecordInbox implements sqladapters.Dialect.
+func (s *Store) RecordInbox(ctx context.Context, e sqladapters.Executor, consumer, messageID string) (bool, error) {
+	n, err := s.b.InsertInbox(consumer, messageID).Exec(ctx, e)
+	return s.inboxOutcome(n, err)
+}
+
+// BeginRecordInbox implements sqladapters.Dialect.
+func (s *Store) BeginRecordInbox(ctx context.Context, db sqladapters.DB, opts sql.TxOptions, consumer, messageID string) (sqladapters.Tx, bool, error) {
+	be, ok := db.(sqladapters.BeginExecer)
+	if !ok {
+		tx, err := db.Begin(ctx, opts)
+		if err != nil {
+			return nil, false, fmt.Errorf("begin transaction: %w", s.ClassifyError(err))
+		}
+		first, err := s.RecordInbox(ctx, tx, consumer, messageID)
+		if err != nil || !first {
+			sqladapters.Rollback(tx)
+			return nil, false, err
+		}
+		return tx, true, nil
+	}
+	q := s.b.InsertInbox(consumer, messageID)
+	tx, n, err := be.BeginExec(ctx, opts, q.SQL, q.Args...)
+	// When BeginExec failed it has rolled back already and tx is nil.
+	first, err := s.inboxOutcome(n, err)
+	if err != nil || !first {
+		if tx != nil {
+			sqladapters.Rollback(tx)
+		}
+		return nil, false, err
+	}
+	return tx, true, nil
+}
+
+// inboxOutcome reads the result of an inbox insert: first when it added
+// the record, not first for a duplicate. A database may report the
+// duplicate as a unique violation instead of zero rows.
+func (s *Store) inboxOutcome(n int64, err error) (bool, error) {
+	if err != nil {
+		if err = s.ClassifyError(err); errors.Is(err, sqladapters.ErrDuplicate) {
+			return false, nil
+		}
+		return false, err
+	}
+	switch n {
+	case 1:
+		return true, nil
+	case 0:
+		return false, nil
+	default:
+		return false, fmt.Errorf("the inbox insert affected %d rows, want 0 or 1", n)
+	}
+}
+
+// DeleteInbox implements sqladapters.Dialect.
+func (s *Store) DeleteInbox(ctx context.Context, e sqladapters.Executor, from, before time.Time, limit int) (int64, time.Time, error) {
+	rd, ok := s.b.(InboxRangeDeleter)
+	if !ok {
+		n, err := s.exec(ctx, e, s.b.DeleteInboxBefore(before, limit))
+		return n, from, err
+	}
+	var (
+		n    int64
+		last time.Time
+		seen bool
+	)
+	err := s.query(ctx, e, rd.DeleteInboxRange(from, before, limit), func(r sqladapters.Rows) error {
+		seen = true
+		return r.Scan(&n, &last)
+	})
+	if err == nil && !seen {
+		err = errors.New("the inbox delete returned no row")
+	}
+	return n, last, err
+}
+
+// exec runs q and classifies its error.
+func (s *Store) exec(ctx context.Context, e sqladapters.Executor, q sqladapters.Query) (int64, error) {
+	n, err := q.Exec(ctx, e)
+	return n, s.ClassifyError(err)
+}
+
+// query runs q, calls scan for each row, and classifies the errors of the
+// query and of the result set.
+func (s *Store) query(ctx context.Context, e sqladapters.Executor, q sqladapters.Query, scan func(sqladapters.Rows) error) error {
+	rows, err := q.Query(ctx, e)
+	if err != nil {
+		return s.ClassifyError(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	return s.ClassifyError(rows.Err())
+}
+
+// queryInt runs q, which selects at most one integer.
+func (s *Store) queryInt(ctx context.Context, e sqladapters.Executor, q sqladapters.Query) (int64, error) {
+	var n int64
+	err := s.query(ctx, e, q, func(r sqladapters.Rows) error { return r.Scan(&n) })
+	return n, err
+}

@@ -1,0 +1,116 @@
+package postgres_test
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	_ "github.com/lib/pq"              // registers the "postgres" database/sql driver
+
+	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest/pgtest"
+	"github.com/millbox/millbox/sqladapters/internal/storetest"
+	"github.com/millbox/millbox/sqladapters/pgxv5"
+	"github.com/millbox/millbox/sqladapters/postgres"
+	"github.com/millbox/millbox/sqladapters/stdsql"
+	"github.com/millbox/millbox/sqladapters/wmsql"
+)
+
+// TestStore runs the store contract's suite on PostgreSQL through every
+// adapter: pgx (whose BeginExec records an inbox message in one round
+// trip), on the plain and the partitioned layout; database/sql with pgx's
+// driver and with lib/pq; and the watermill-sql wrappers that are not
+// unwrapped to pgx or database/sql.
+func TestStore(t *testing.T) {
+	fresh := func(pool *pgxpool.Pool, opts postgres.Options) func(*testing.T) sqladapters.Dialect {
+		return func(t *testing.T) sqladapters.Dialect { return pgtest.Fresh(t, pool, opts) }
+	}
+	t.Run("pgx", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		storetest.Run(t, storetest.Setup{
+			DB:    pgxv5.WrapPool(pool),
+			New:   fresh(pool, postgres.Options{Notify: true}),
+			InUse: func() int { return int(pool.Stat().AcquiredConns()) },
+		})
+	})
+	t.Run("pgx/partitioned", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		storetest.Run(t, storetest.Setup{
+			DB:    pgxv5.WrapPool(pool),
+			New:   fresh(pool, postgres.Options{Partitioned: &postgres.PartitionOptions{}}),
+			InUse: func() int { return int(pool.Stat().AcquiredConns()) },
+		})
+	})
+	t.Run("stdsql", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		db := openStd(t, "pgx")
+		storetest.Run(t, storetest.Setup{
+			DB:    stdsql.WrapDB(db),
+			New:   fresh(pool, postgres.Options{}),
+			InUse: func() int { return db.Stats().InUse },
+		})
+	})
+	t.Run("stdsql/pq", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		db := openStd(t, "postgres")
+		storetest.Run(t, storetest.Setup{
+			DB:    stdsql.WrapDB(db),
+			New:   fresh(pool, postgres.Options{Notify: true}),
+			InUse: func() int { return db.Stats().InUse },
+		})
+	})
+	t.Run("wmsql/pgx", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		db := wmsql.WrapBeginner(wsql.BeginnerFromPgx(pgxConn{pool}))
+		if _, ok := db.(*pgxv5.DB); ok {
+			t.Fatal("the wrapper was unwrapped to pgx")
+		}
+		storetest.Run(t, storetest.Setup{
+			DB:    db,
+			New:   fresh(pool, postgres.Options{}),
+			InUse: func() int { return int(pool.Stat().AcquiredConns()) },
+		})
+	})
+	t.Run("wmsql/stdsql", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		std := openStd(t, "pgx")
+		db := wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(stdBeginner{std}))
+		if _, ok := db.(*stdsql.DB); ok {
+			t.Fatal("the wrapper was unwrapped to database/sql")
+		}
+		storetest.Run(t, storetest.Setup{
+			DB:    db,
+			New:   fresh(pool, postgres.Options{Notify: true}),
+			InUse: func() int { return std.Stats().InUse },
+		})
+	})
+}
+
+// openStd opens the test server through database/sql with driver: "pgx"
+// or lib/pq's "postgres".
+func openStd(t *testing.T, driver string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		dialecttest.Unavailable(t, "PostgreSQL", pgtest.URLVariable, err)
+	}
+	return db
+}
+
+// pgxConn and stdBeginner hide the pool from wmsql, which would otherwise
+// run it through pgxv5 or stdsql directly.
+type (
+	pgxConn     struct{ *pgxpool.Pool }
+	stdBeginner struct{ *sql.DB }
+)
