@@ -244,4 +244,3 @@ ORDER BY 1`, prefix+"%", prefix+"%")
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
 }
-
