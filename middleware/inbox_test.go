@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/middleware"
-	"github.com/millbox/millbox/middleware/kafkaid"
 	"github.com/millbox/millbox/sqladapters/postgres"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
@@ -52,7 +51,6 @@ func TestNoMessageIDFailsBeforeTheDatabase(t *testing.T) {
 	}{
 		{"EmptyUUID", nil, message.NewMessage("", nil)},
 		{"MissingMetadata", middleware.MetadataID("event_id"), message.NewMessage(watermill.NewUUID(), nil)},
-		{"NotFromKafka", kafkaid.MessageID, message.NewMessage(watermill.NewUUID(), nil)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			mw, err := middleware.NewInbox(middleware.InboxConfig{
@@ -78,12 +76,5 @@ func TestMetadataID(t *testing.T) {
 	}
 	if _, err := middleware.MetadataID("other")(msg); err == nil || !strings.Contains(err.Error(), `"other"`) {
 		t.Fatalf("want an error naming the field, got %v", err)
-	}
-}
-
-func TestKafkaIDNeedsKafkaContext(t *testing.T) {
-	msg := message.NewMessage(watermill.NewUUID(), nil)
-	if _, err := kafkaid.MessageID(msg); err == nil || !strings.Contains(err.Error(), "topic") {
-		t.Fatalf("want an error about the missing topic, got %v", err)
 	}
 }

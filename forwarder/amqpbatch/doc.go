@@ -58,5 +58,8 @@
 // broker (an unknown exchange, a refused permission) does not.
 //
 // This package is optional: it is the only part of millbox's library code
-// that imports an AMQP client.
+// that imports an AMQP client, and a module of its own, so that the client
+// stays out of the module graph of applications that do not use it:
+//
+//	go get github.com/millbox/millbox/forwarder/amqpbatch
 package amqpbatch

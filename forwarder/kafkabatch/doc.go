@@ -63,5 +63,8 @@
 // happened.
 //
 // This package is optional: it is the only part of millbox's library code
-// that imports a Kafka client.
+// that imports a Kafka client, and a module of its own, so that the client
+// stays out of the module graph of applications that do not use it:
+//
+//	go get github.com/millbox/millbox/forwarder/kafkabatch
 package kafkabatch

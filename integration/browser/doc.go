@@ -3,9 +3,11 @@
 // DevTools protocol by chromedp.
 //
 // It is a module of its own so that chromedp stays out of the module
-// graph of millbox's users. Run it from this directory:
+// graph of millbox's users. Run it from this directory, or through go.work
+// from the repository's root:
 //
 //	go test ./...
+//	go test ./integration/browser/...
 //
 // It needs the chromium program (the Debian package of that name; or set
 // MILLBOX_CHROMIUM to a Chrome or Chromium binary) and PostgreSQL at

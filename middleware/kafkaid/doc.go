@@ -1,7 +1,10 @@
 // Package kafkaid builds inbox message ids from a Kafka record's topic,
 // partition and offset, as consumed through watermill-kafka v3. It is a
-// separate package so that millbox/middleware does not import Kafka client
-// code.
+// module of its own, so that millbox/middleware does not import Kafka client
+// code and the client stays out of the module graph of applications that
+// do not use it:
+//
+//	go get github.com/millbox/millbox/middleware/kafkaid
 //
 // An offset id recognizes redeliveries of the same Kafka record: after a
 // crash, a rebalance or an offset reset. It does not recognize a message

@@ -9,7 +9,6 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -24,14 +23,13 @@ import (
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
 	"github.com/millbox/millbox/sqladapters/sqlite"
-	"github.com/millbox/millbox/sqladapters/sqlite/modernc"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
 const scriptError = `upstream said <script>document.title="pwned"</script> & gave up`
 
-// fixture is a SQLite installation with dead letters, served by the
-// admin handler under /admin.
+// fixture is an installation with dead letters, served by the admin
+// handler under /admin.
 type fixture struct {
 	db      sqladapters.DB
 	dialect sqladapters.Dialect
@@ -47,27 +45,18 @@ type backend struct {
 }
 
 var (
-	sqliteBackend = backend{"sqlite", func(t *testing.T) (sqladapters.DB, sqladapters.Dialect) {
-		sqlDB, err := modernc.Open(filepath.Join(t.TempDir(), "admin.db"), modernc.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = sqlDB.Close() })
-		db, d := stdsql.WrapDB(sqlDB), sqlite.MustNew(sqlite.Options{})
-		if err := sqladapters.Migrate(context.Background(), db, d); err != nil {
-			t.Fatal(err)
-		}
-		return db, d
+	// postgresBackend is a schema of its own on the server of
+	// MILLBOX_POSTGRES_URL.
+	postgresBackend = backend{"postgres", func(t *testing.T) (sqladapters.DB, sqladapters.Dialect) {
+		pool := pgtest.Pool(t)
+		db := pgxv5.WrapPool(pool)
+		return db, pgtest.Dialect(t, db, pool, postgres.Options{})
 	}}
-	// backends are every database the page runs on; Postgres and MySQL
-	// come from MILLBOX_POSTGRES_URL and MILLBOX_MYSQL_DSN.
+	// backends are the databases the page's changes run on; MySQL comes
+	// from MILLBOX_MYSQL_DSN. The command's tests run the same operations
+	// on SQLite.
 	backends = []backend{
-		sqliteBackend,
-		{"postgres", func(t *testing.T) (sqladapters.DB, sqladapters.Dialect) {
-			pool := pgtest.Pool(t)
-			db := pgxv5.WrapPool(pool)
-			return db, pgtest.Dialect(t, db, pool, postgres.Options{})
-		}},
+		postgresBackend,
 		{"mysql", func(t *testing.T) (sqladapters.DB, sqladapters.Dialect) {
 			raw := mysqltest.DB(t)
 			return stdsql.WrapDB(raw), mysqltest.Dialect(t, raw, mysql.Options{})
@@ -76,7 +65,7 @@ var (
 )
 
 func newFixture(t *testing.T, authorize func(*http.Request) bool, configure ...func(*admin.Config)) *fixture {
-	return newFixtureOn(t, sqliteBackend, authorize, configure...)
+	return newFixtureOn(t, postgresBackend, authorize, configure...)
 }
 
 func newFixtureOn(t *testing.T, b backend, authorize func(*http.Request) bool, configure ...func(*admin.Config)) *fixture {

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -16,21 +15,24 @@ import (
 
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
+	"github.com/millbox/millbox/sqladapters/internal/dialecttest/pgtest"
 	"github.com/millbox/millbox/sqladapters/ops"
-	"github.com/millbox/millbox/sqladapters/sqlite"
-	"github.com/millbox/millbox/sqladapters/sqlite/modernc"
+	"github.com/millbox/millbox/sqladapters/pgxv5"
+	"github.com/millbox/millbox/sqladapters/postgres"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fixture is a migrated SQLite installation. The command's tests run the
-// same operations on PostgreSQL and MySQL.
+// fixture is a migrated PostgreSQL installation in a schema of its own,
+// on the server of MILLBOX_POSTGRES_URL. The command's tests run the same
+// operations on MySQL and SQLite.
 type fixture struct {
 	t   *testing.T
 	ctx context.Context
 	db  sqladapters.DB
-	d   *sqlite.Dialect
+	d   *postgres.Dialect
 	o   *ops.Ops
 }
 
@@ -38,15 +40,9 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	sdb, err := modernc.Open(filepath.Join(t.TempDir(), "ops.db"), modernc.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sdb.Close() })
-	db, d := stdsql.WrapDB(sdb), sqlite.MustNew(sqlite.Options{})
-	if err := sqladapters.Migrate(ctx, db, d); err != nil {
-		t.Fatal(err)
-	}
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	d := pgtest.Dialect(t, db, pool, postgres.Options{})
 	o, err := ops.New(db, d)
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +104,7 @@ func (f *fixture) deadIDs(flt ops.Filter) []int64 {
 
 func TestNewRefusesDialectWithoutOps(t *testing.T) {
 	type plain struct{ sqladapters.Dialect }
-	_, err := ops.New(stdsql.WrapDB(&sql.DB{}), plain{sqlite.MustNew(sqlite.Options{})})
+	_, err := ops.New(stdsql.WrapDB(&sql.DB{}), plain{postgres.MustNew(postgres.Options{})})
 	if !errors.Is(err, ops.ErrUnsupportedDialect) {
 		t.Fatalf("want ErrUnsupportedDialect, got %v", err)
 	}
@@ -199,17 +195,24 @@ func TestPruneKeepsPendingAndDeadRows(t *testing.T) {
 }
 
 func TestMissingTables(t *testing.T) {
-	sdb, err := modernc.Open(filepath.Join(t.TempDir(), "empty.db"), modernc.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.Pool(t)
+	schema := dialecttest.UniqueName("t_")
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA "`+schema+`"`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
+			t.Logf("drop schema %s: %v", schema, err)
+		}
+	})
+	o, err := ops.New(pgxv5.WrapPool(pool), postgres.MustNew(postgres.Options{Schema: schema}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sdb.Close()
-	o, err := ops.New(stdsql.WrapDB(sdb), sqlite.MustNew(sqlite.Options{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := o.Status(context.Background()); !errors.Is(err, sqladapters.ErrMissingTable) {
-		t.Fatalf("status on an empty database: %v", err)
+	if _, err := o.Status(ctx); !errors.Is(err, sqladapters.ErrMissingTable) {
+		t.Fatalf("status on an empty schema: %v", err)
 	}
 }
 

@@ -7,7 +7,7 @@
 //
 // The subpackage sqladapters/sqlite/modernc opens a *sql.DB on the pure-Go
 // modernc.org/sqlite driver with the settings below on every pooled
-// connection. It is a separate package so that users of another driver
+// connection. It is a module of its own so that users of another driver
 // (mattn/go-sqlite3, ncruces/go-sqlite3) never compile modernc, and because
 // per-connection settings are easy to get wrong: a PRAGMA run once through
 // db.Exec reaches one pooled connection, not the others.

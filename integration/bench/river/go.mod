@@ -9,6 +9,7 @@ require (
 	github.com/ThreeDotsLabs/watermill-kafka/v3 v3.0.6
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/millbox/millbox v0.0.0-00010101000000-000000000000
+	github.com/millbox/millbox/integration v0.0.0-00010101000000-000000000000
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
 )
@@ -45,6 +46,7 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
+	github.com/millbox/millbox/sqladapters/sqlite/modernc v0.0.0-00010101000000-000000000000 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
@@ -77,3 +79,13 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.61.1 // indirect
 )
+
+replace github.com/millbox/millbox/integration => ../../../integration
+
+replace github.com/millbox/millbox/forwarder/kafkabatch => ../../../forwarder/kafkabatch
+
+replace github.com/millbox/millbox/forwarder/amqpbatch => ../../../forwarder/amqpbatch
+
+replace github.com/millbox/millbox/middleware/kafkaid => ../../../middleware/kafkaid
+
+replace github.com/millbox/millbox/sqladapters/sqlite/modernc => ../../../sqladapters/sqlite/modernc

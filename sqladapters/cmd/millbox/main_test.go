@@ -645,6 +645,8 @@ func TestMigrateSQL(t *testing.T) {
 	}{
 		{[]string{"--db", "postgres", "--schema", "messaging"}, []string{`CREATE SCHEMA IF NOT EXISTS "messaging";`, `CREATE TABLE IF NOT EXISTS "messaging"."millbox_outbox"`, `"messaging"."millbox_inbox"`}, nil},
 		{[]string{"--dsn", "postgres://localhost:1/app"}, []string{`CREATE TABLE IF NOT EXISTS "millbox_outbox"`}, []string{"CREATE SCHEMA"}},
+		{[]string{"--dsn", "postgres://localhost:1/app", "--schema", "app"}, []string{`CREATE SCHEMA IF NOT EXISTS "app";`, `CREATE TABLE IF NOT EXISTS "app"."millbox_outbox"`}, nil},
+		{[]string{"--db", "postgres", "--schema", "app", "--partitioned"}, []string{`CREATE SCHEMA IF NOT EXISTS "app";`, `"app"."millbox_outbox"`}, nil},
 		{[]string{"--db", "mysql", "--schema", "shop", "--outbox-table", "events"}, []string{"CREATE DATABASE IF NOT EXISTS `shop`", "`shop`.`events`"}, nil},
 		{[]string{"--dsn", "sqlite://x.db", "--inbox-table", "seen"}, []string{`CREATE TABLE IF NOT EXISTS "seen"`}, []string{"CREATE SCHEMA"}},
 	} {
@@ -658,6 +660,13 @@ func TestMigrateSQL(t *testing.T) {
 			if strings.Contains(r.stdout, n) {
 				t.Fatalf("migrate sql %v: unexpected %q in\n%s", c.args, n, r.stdout)
 			}
+		}
+		// The schema or database holding the tables comes first.
+		if i := strings.Index(r.stdout, "CREATE SCHEMA"); i > strings.Index(r.stdout, "CREATE TABLE") {
+			t.Fatalf("migrate sql %v: the schema is created after a table\n%s", c.args, r.stdout)
+		}
+		if i := strings.Index(r.stdout, "CREATE DATABASE"); i > strings.Index(r.stdout, "CREATE TABLE") {
+			t.Fatalf("migrate sql %v: the database is created after a table\n%s", c.args, r.stdout)
 		}
 	}
 	if r := runCmd(t, "migrate", "sql", "--db", "sqlite", "--schema", "x"); r.code != exitUsage || !strings.Contains(r.stderr, "--schema") {

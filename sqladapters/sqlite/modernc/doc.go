@@ -5,5 +5,11 @@
 // begin. See package sqladapters/sqlite for why each one matters.
 //
 // It is the only millbox package that imports modernc.org/sqlite; the
-// dialect itself works with any database/sql SQLite driver.
+// dialect itself works with any database/sql SQLite driver. It is a module
+// of its own, so that the driver stays out of the module graph of
+// applications on other databases:
+//
+//	go get github.com/millbox/millbox/sqladapters/sqlite/modernc
+//
+// Its examples run the whole outbox and inbox on a SQLite file.
 package modernc

@@ -1,4 +1,4 @@
-package middleware_test
+package modernc_test
 
 import (
 	"context"
@@ -16,11 +16,12 @@ import (
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
-// A message delivered twice is handled once: the handler's write and the
-// inbox record commit together, and the redelivery finds the record. The
-// middleware is applied to a handler directly here; in a router it is
-// router.AddMiddleware(inboxMW). SQLite, so the example runs anywhere.
-func ExampleNewInbox_sqlite() {
+// middleware.NewInbox on SQLite: a message delivered twice is handled once:
+// the handler's write and the inbox record commit together, and the
+// redelivery finds the record. The middleware is applied to a handler
+// directly here; in a router it is router.AddMiddleware(inboxMW). SQLite, so
+// the example runs anywhere.
+func Example_inboxMiddleware() {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "millbox-example")
 	if err != nil {

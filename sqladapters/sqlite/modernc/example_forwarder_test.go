@@ -1,4 +1,4 @@
-package forwarder_test
+package modernc_test
 
 import (
 	"context"
@@ -19,10 +19,11 @@ import (
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
-// The whole outbox on SQLite: events committed in a transaction, forwarded
-// to a destination (here an in-memory Watermill pub/sub; Kafka or RabbitMQ
-// publishers plug in the same way), one key's events in order.
-func ExampleNew_sqlite() {
+// forwarder.New, the whole outbox on SQLite: events committed in a
+// transaction, forwarded to a destination (here an in-memory Watermill
+// pub/sub; Kafka or RabbitMQ publishers plug in the same way), one key's
+// events in order.
+func Example_forwarder() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir, err := os.MkdirTemp("", "millbox-example")

@@ -1,4 +1,4 @@
-package forwarder_test
+package modernc_test
 
 import (
 	"context"
@@ -16,11 +16,11 @@ import (
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
-// One publisher made at start publishes in any transaction with one call.
-// OrderingKey derives each message's ordering key, here from metadata a
-// producer such as a cqrs.EventBus sets; it runs on SQLite so the example
-// runs anywhere.
-func ExamplePublisher_PublishTx() {
+// forwarder.NewContextPublisher on SQLite: one publisher made at start
+// publishes in any transaction with one call. OrderingKey derives each
+// message's ordering key, here from metadata a producer such as a
+// cqrs.EventBus sets; it runs on SQLite so the example runs anywhere.
+func Example_publishTx() {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "millbox-example")
 	if err != nil {

@@ -1,4 +1,4 @@
-package ops_test
+package modernc_test
 
 import (
 	"context"
@@ -14,9 +14,9 @@ import (
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
-// Read the backlog, then requeue the dead letters that failed on a broker
-// outage once it is over.
-func Example() {
+// ops.New on SQLite: read the backlog, then requeue the dead letters that
+// failed on a broker outage once it is over.
+func Example_ops() {
 	dir, err := os.MkdirTemp("", "millbox-ops")
 	if err != nil {
 		log.Fatal(err)

@@ -1,4 +1,4 @@
-package admin_test
+package modernc_test
 
 import (
 	"context"
@@ -16,10 +16,11 @@ import (
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
-// Mount the admin page under /admin/ of the application's server. Only
-// requests Authorize allows may requeue or discard; everybody who reaches
-// the handler may look, so put it behind the application's login.
-func ExampleNew() {
+// admin.New on SQLite: mount the admin page under /admin/ of the
+// application's server. Only requests Authorize allows may requeue or
+// discard; everybody who reaches the handler may look, so put it behind the
+// application's login.
+func Example_adminPage() {
 	dir, err := os.MkdirTemp("", "millbox-admin-example")
 	if err != nil {
 		log.Fatal(err)

@@ -1,4 +1,4 @@
-package forwarder_test
+package modernc_test
 
 import (
 	"context"
