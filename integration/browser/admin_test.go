@@ -207,7 +207,7 @@ func TestAdminPage(t *testing.T) {
 
 		// The instance holding the partitions goes away; a forwarder
 		// with a working destination takes over and delivers them.
-		if _, err := d.ReleasePartitions(owner, []int{0, 1, 2, 3}).Exec(ctx, db); err != nil {
+		if err := d.ReleasePartitions(ctx, db, owner, []int{0, 1, 2, 3}); err != nil {
 			t.Fatal(err)
 		}
 		dest := &recorder{}
@@ -256,11 +256,11 @@ func seed(t *testing.T, ctx context.Context, db sqladapters.DB, d *postgres.Dial
 	})
 	stop()
 	publish(t, ctx, db, d, "orders", published["orders"])
-	if _, err := d.ClaimPartitions(owner, 10*time.Minute, 4).Exec(ctx, db); err != nil {
+	if err := d.ClaimPartitions(ctx, db, owner, 10*time.Minute, 4); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		if _, err := d.InsertInbox("billing", fmt.Sprintf("m-%d", i)).Exec(ctx, db); err != nil {
+		if _, err := d.RecordInbox(ctx, db, "billing", fmt.Sprintf("m-%d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
