@@ -43,7 +43,7 @@ func (f *Forwarder) listenLoop(ctx context.Context, listening chan<- struct{}) {
 
 // listenSession subscribes once and probes at once and every
 // NotifyProbeInterval. It calls arrived for each probe that came back (or
-// once subscribed, when the dialect cannot probe or probing is off), and
+// once subscribed, when probing is off), and
 // returns when the listener fails or a probe does not come back.
 func (f *Forwarder) listenSession(ctx context.Context, arrived func()) error {
 	lctx, cancel := context.WithCancel(ctx)

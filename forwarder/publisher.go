@@ -66,9 +66,10 @@ type PublisherConfig struct {
 	// MaxPayloadBytes rejects larger payloads at write time, instead of
 	// letting the broker reject them later. Defaults to
 	// DefaultMaxPayloadBytes; a negative value disables the check. It
-	// cannot raise what the database stores: a dialect's MaxMessageBytes
-	// (MySQL/MariaDB) bounds every message, payload included, whatever
-	// this value is.
+	// cannot raise what the database stores: the dialect's
+	// MaxMessageBytes bounds every message, payload included, whatever
+	// this value is (on MySQL/MariaDB half the server's
+	// max_allowed_packet).
 	MaxPayloadBytes int
 	// Telemetry.Propagator stores the trace context of each message's
 	// context (msg.SetContext) in its metadata, so that the trace of the

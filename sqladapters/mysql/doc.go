@@ -1,8 +1,10 @@
 // Package mysql is the MySQL and MariaDB dialect of millbox: the outbox,
 // lease and inbox tables, their migrations, and every statement the
-// publisher, forwarder and inbox run. It builds SQL only; run it through
-// sqladapters/stdsql (a *sql.DB or *sql.Tx of github.com/go-sql-driver/mysql)
-// or sqladapters/wmsql (watermill-sql's sql.TxFromStdSQL). It imports the
+// publisher, forwarder and inbox run, which it executes on the DB or
+// transaction it is given (the store contract, sqladapters.Dialect): pass it
+// those of sqladapters/stdsql (over a *sql.DB or *sql.Tx of
+// github.com/go-sql-driver/mysql) or sqladapters/wmsql (watermill-sql's
+// sql.TxFromStdSQL). It imports the
 // driver only to read MySQL error numbers in ClassifyError.
 //
 // It needs MySQL 5.7 or later, or MariaDB 10.2 or later (InnoDB,

@@ -1,7 +1,9 @@
 // Package postgres is the PostgreSQL dialect of millbox: the outbox, lease
 // and inbox tables, their migrations, and every statement the publisher,
-// forwarder and inbox run. It builds SQL only and imports no driver; pair it
-// with sqladapters/pgxv5 or sqladapters/stdsql (pgx stdlib or lib/pq).
+// forwarder and inbox run, which it executes on the DB or transaction it is
+// given (the store contract, sqladapters.Dialect). It imports no driver;
+// pair it with sqladapters/pgxv5 or sqladapters/stdsql (pgx stdlib or
+// lib/pq).
 //
 // Forwarders find new rows by watching the outbox's id sequence every few
 // milliseconds (HighWaterMark). With Options.Notify the outbox insert also

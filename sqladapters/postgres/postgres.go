@@ -59,9 +59,12 @@ type Options struct {
 // inbox tables). Build it with New; pass it to the publisher, the
 // forwarder, the inbox and the operations tools.
 type Dialect struct {
-	*sqlstore.Store
+	*sqlStore
 	sql *sqlDialect
 }
+
+// sqlStore runs the statements of sqlDialect: the contract's methods.
+type sqlStore = sqlstore.Store
 
 var (
 	_ sqladapters.Dialect    = (*Dialect)(nil)
@@ -81,7 +84,7 @@ func New(opts Options) (*Dialect, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dialect{Store: sqlstore.New(b), sql: b}, nil
+	return &Dialect{sqlStore: sqlstore.New(b), sql: b}, nil
 }
 
 func newSQL(opts Options) (*sqlDialect, error) {

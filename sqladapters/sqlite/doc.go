@@ -1,7 +1,8 @@
 // Package sqlite is the SQLite dialect of millbox: the outbox, lease and
 // inbox tables, their migrations, and every statement the publisher,
-// forwarder and inbox run. It builds SQL only and imports no driver: run it
-// through sqladapters/stdsql with any database/sql SQLite driver. It needs
+// forwarder and inbox run, which it executes on the DB or transaction it is
+// given (the store contract, sqladapters.Dialect). It imports no driver:
+// pass it a DB of sqladapters/stdsql with any database/sql SQLite driver. It needs
 // SQLite 3.38 or later (built-in JSON functions, upserts, 32,766 bound
 // parameters per statement).
 //

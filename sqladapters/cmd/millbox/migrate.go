@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/millbox/millbox/sqladapters"
-	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
+	"github.com/millbox/millbox/sqladapters/mysql"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
@@ -88,21 +88,20 @@ func migrateSQL(e env, c *common, db string) error {
 	return err
 }
 
-// createSchema returns the statements of the dialect that create the
-// schema (Postgres) or database (MySQL) holding the tables, when one is
-// configured. Migrate runs them with its version table, which
-// MigrationSQL leaves out.
+// createSchema returns the statement that creates the schema (Postgres)
+// or database (MySQL) holding the tables, when one is configured: Migrate
+// runs it with its version table, which MigrationSQL leaves out. The names
+// are plain identifiers, validated by the dialects.
 func createSchema(d sqladapters.Dialect) []sqladapters.Query {
-	var qs []sqladapters.Query
-	b, ok := sqlstore.BuilderOf(d)
-	if !ok {
-		return nil
-	}
-	for _, q := range b.CreateMigrationsTable() {
-		s := strings.ToUpper(strings.TrimSpace(q.SQL))
-		if strings.HasPrefix(s, "CREATE SCHEMA") || strings.HasPrefix(s, "CREATE DATABASE") {
-			qs = append(qs, q)
+	switch d := d.(type) {
+	case *postgres.Dialect:
+		if d.Schema() != "" {
+			return []sqladapters.Query{{SQL: `CREATE SCHEMA IF NOT EXISTS "` + d.Schema() + `"`}}
+		}
+	case *mysql.Dialect:
+		if d.Database() != "" {
+			return []sqladapters.Query{{SQL: "CREATE DATABASE IF NOT EXISTS `" + d.Database() + "` CHARACTER SET utf8mb4"}}
 		}
 	}
-	return qs
+	return nil
 }

@@ -77,7 +77,7 @@ func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx) (err error) {
 	lock, unlock := s.b.LockMigrations()
 	if lock.SQL != "" {
 		if _, err := lock.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("take migration lock: %w", s.ClassifyError(err))
+			return fmt.Errorf("take migration lock: %w", err)
 		}
 		if unlock.SQL != "" {
 			// A lock that outlives the transaction (MySQL's GET_LOCK
@@ -95,19 +95,11 @@ func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx) (err error) {
 	}
 	for _, q := range s.b.CreateMigrationsTable() {
 		if _, err := q.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("create migrations table: %w", s.ClassifyError(err))
+			return fmt.Errorf("create migrations table: %w", err)
 		}
 	}
 	applied := map[int]bool{}
-	err = s.query(ctx, tx, s.b.AppliedMigrations(), func(r sqladapters.Rows) error {
-		var v int
-		if err := r.Scan(&v); err != nil {
-			return err
-		}
-		applied[v] = true
-		return nil
-	})
-	if err != nil {
+	if err := scanApplied(ctx, tx, s.b.AppliedMigrations(), applied); err != nil {
 		return fmt.Errorf("read applied migrations: %w", err)
 	}
 	for _, m := range s.b.Migrations() {
@@ -116,19 +108,36 @@ func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx) (err error) {
 		}
 		for _, stmt := range m.Statements {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, s.ClassifyError(err))
+				return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
 			}
 		}
 		if _, err := s.b.RecordMigration(m.Version, m.Name).Exec(ctx, tx); err != nil {
-			return fmt.Errorf("record migration %d: %w", m.Version, s.ClassifyError(err))
+			return fmt.Errorf("record migration %d: %w", m.Version, err)
 		}
 	}
 	if unlock.SQL != "" {
 		if _, err := unlock.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("release migration lock: %w", s.ClassifyError(err))
+			return fmt.Errorf("release migration lock: %w", err)
 		}
 	}
 	return nil
+}
+
+// scanApplied reads the applied versions into applied.
+func scanApplied(ctx context.Context, e sqladapters.Executor, q sqladapters.Query, applied map[int]bool) error {
+	rows, err := q.Query(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return err
+		}
+		applied[v] = true
+	}
+	return rows.Err()
 }
 
 // MaxMessageBytes implements sqladapters.Dialect.
