@@ -39,13 +39,13 @@ type Dialect interface {
 	// idempotent and returns nil for nil.
 	ClassifyError(err error) error
 
-	// Migrations lists the schema's migrations in version order, for
-	// MigrationSQL.
+	// Migrations lists the schema's migrations in version order.
 	Migrations() []Migration
-	// Migrate applies the missing migrations in tx, under a lock that
-	// serializes concurrent migrators. Use the Migrate and MigrateTx
-	// functions.
-	Migrate(ctx context.Context, tx Tx) error
+	// Migrate applies in tx those of migrations (in version order) that
+	// are not applied yet, and records them, under a lock that serializes
+	// concurrent migrators. Use the Migrate and MigrateTx functions, which
+	// pass Migrations().
+	Migrate(ctx context.Context, tx Tx, migrations []Migration) error
 
 	// MaxMessageBytes is the largest message the database stores,
 	// counting its topic, UUID, payload, metadata (as JSON) and ordering

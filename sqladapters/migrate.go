@@ -52,7 +52,7 @@ func MigrateTx(ctx context.Context, tx Tx, d Dialect) error {
 }
 
 func migrate(ctx context.Context, tx Tx, d Dialect) error {
-	if err := d.Migrate(ctx, tx); err != nil {
+	if err := d.Migrate(ctx, tx, d.Migrations()); err != nil {
 		return fmt.Errorf("millbox: %w", err)
 	}
 	return nil

@@ -73,7 +73,7 @@ func (s *Store) ClassifyError(err error) error {
 func (s *Store) Migrations() []sqladapters.Migration { return s.b.Migrations() }
 
 // Migrate implements sqladapters.Dialect.
-func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx) (err error) {
+func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sqladapters.Migration) (err error) {
 	lock, unlock := s.b.LockMigrations()
 	if lock.SQL != "" {
 		if _, err := lock.Exec(ctx, tx); err != nil {
@@ -102,7 +102,7 @@ func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx) (err error) {
 	if err := scanApplied(ctx, tx, s.b.AppliedMigrations(), applied); err != nil {
 		return fmt.Errorf("read applied migrations: %w", err)
 	}
-	for _, m := range s.b.Migrations() {
+	for _, m := range migrations {
 		if applied[m.Version] {
 			continue
 		}
