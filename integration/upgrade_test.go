@@ -3,6 +3,8 @@ package integration_test
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,5 +80,56 @@ func upgradeFromVersion1(t *testing.T, o *dialectOps) {
 	o.fail(sqladapters.Failure{ID: ids[0], Attempts: 2, Error: "gone", Dead: true})
 	if got := uuidsOf(o.pending(sqladapters.PendingQuery{})); got != "b1 l2" {
 		t.Fatalf("with l1 dead, pending %s; want b1 l2", got)
+	}
+}
+
+// TestMigrateWithoutInbox migrates an outbox without its inbox, as an
+// application that only publishes does: the outbox works, the inbox fails
+// with a MissingTableError that says how to migrate, and migrating again
+// without the option creates it.
+func TestMigrateWithoutInbox(t *testing.T) {
+	t.Run("Postgres", func(t *testing.T) {
+		pool := testenv.Postgres(t)
+		opts := postgres.Options{Schema: testenv.PostgresSchema(t, pool)}
+		without := opts
+		without.WithoutInbox = true
+		migrateWithoutInbox(t, pgxv5.WrapPool(pool), postgres.MustNew(without), postgres.MustNew(opts))
+	})
+	t.Run("MySQL", func(t *testing.T) {
+		raw := testenv.MySQL(t)
+		opts := testenv.MySQLNames(t, raw, mysql.Options{})
+		without := opts
+		without.WithoutInbox = true
+		migrateWithoutInbox(t, stdsql.WrapDB(raw), mysql.MustNew(without), mysql.MustNew(opts))
+	})
+	t.Run("SQLite", func(t *testing.T) {
+		db := stdsql.WrapDB(testenv.SQLite(t, testenv.SQLitePath(t)))
+		migrateWithoutInbox(t, db, sqlite.MustNew(sqlite.Options{WithoutInbox: true}), sqlite.MustNew(sqlite.Options{}))
+	})
+}
+
+func migrateWithoutInbox(t *testing.T, db sqladapters.DB, without, with sqladapters.Dialect) {
+	ctx := testenv.Ctx(t, time.Minute)
+	if err := sqladapters.Migrate(ctx, db, without); err != nil {
+		t.Fatalf("migrate without the inbox: %v", err)
+	}
+	o := &dialectOps{t: t, ctx: ctx, db: db, d: without}
+	o.insert(sqladapters.OutboxMessage{UUID: "a1", Key: "a", KeyHash: 7})
+	if got := uuidsOf(o.pending(sqladapters.PendingQuery{})); got != "a1" {
+		t.Fatalf("pending %q, want a1", got)
+	}
+	_, err := without.RecordInbox(ctx, db, "billing", "m1")
+	var missing *sqladapters.MissingTableError
+	if !errors.As(err, &missing) || !strings.Contains(err.Error(), "sqladapters.Migrate") {
+		t.Fatalf("inbox without its table: %v; want a MissingTableError that says how to migrate", err)
+	}
+	if err := sqladapters.Migrate(ctx, db, with); err != nil {
+		t.Fatalf("migrate with the inbox: %v", err)
+	}
+	if first, err := with.RecordInbox(ctx, db, "billing", "m1"); err != nil || !first {
+		t.Fatalf("inbox after migrating with it: %v, %v", first, err)
+	}
+	if got := uuidsOf(o.pending(sqladapters.PendingQuery{})); got != "a1" {
+		t.Fatalf("pending after the second migration %q, want a1", got)
 	}
 }

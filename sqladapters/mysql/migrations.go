@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"math"
+	"slices"
 	"strconv"
 
 	"github.com/millbox/millbox/sqladapters"
@@ -19,9 +20,9 @@ const tableOptions = ` ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
 // NOT EXISTS with the indexes inline (MySQL has no CREATE INDEX IF NOT
 // EXISTS).
 func (d *sqlDialect) Migrations() []sqladapters.Migration {
-	return []sqladapters.Migration{{
+	ms := []sqladapters.Migration{{
 		Version: 1,
-		Name:    "outbox, leases and inbox",
+		Name:    "outbox and leases",
 		Statements: []string{
 			// MySQL has no partial indexes; generated columns stand in for
 			// them. state is derived from published_at and dead_at (0
@@ -67,15 +68,6 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	expires_at DATETIME(6)    NOT NULL,
 	PRIMARY KEY (instance)
 )` + tableOptions,
-			// VARBINARY keys compare byte by byte: no collation folds two
-			// message ids into one, and trailing spaces count.
-			`CREATE TABLE IF NOT EXISTS ` + d.inbox + ` (
-	consumer    VARBINARY(` + strconv.Itoa(maxConsumerBytes) + `) NOT NULL,
-	message_id  VARBINARY(` + strconv.Itoa(maxMessageIDBytes) + `) NOT NULL,
-	received_at DATETIME(6)    NOT NULL,
-	PRIMARY KEY (consumer, message_id),
-	KEY received_idx (received_at)
-)` + tableOptions,
 		},
 	}, {
 		Version: 2,
@@ -93,8 +85,31 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	MODIFY uuid   LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
 	MODIFY ` + "`key`" + ` LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL`,
 		},
+	}, {
+		// Version 1 created the inbox of installations made before
+		// version 3 existed; for them this changes nothing.
+		Version: 3,
+		Name:    "inbox",
+		Statements: []string{
+			// VARBINARY keys compare byte by byte: no collation folds two
+			// message ids into one, and trailing spaces count.
+			`CREATE TABLE IF NOT EXISTS ` + d.inbox + ` (
+	consumer    VARBINARY(` + strconv.Itoa(maxConsumerBytes) + `) NOT NULL,
+	message_id  VARBINARY(` + strconv.Itoa(maxMessageIDBytes) + `) NOT NULL,
+	received_at DATETIME(6)    NOT NULL,
+	PRIMARY KEY (consumer, message_id),
+	KEY received_idx (received_at)
+)` + tableOptions,
+		},
 	}}
+	if d.opts.WithoutInbox {
+		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
+	}
+	return ms
 }
+
+// inboxVersion is the migration that creates the inbox.
+const inboxVersion = 3
 
 // lockName is the name of the migration lock: one per database and outbox
 // table, hashed to stay within the 64 characters GET_LOCK accepts. Its

@@ -92,6 +92,11 @@ type Options struct {
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
+	// WithoutInbox leaves the inbox table out of the migrations, for an
+	// application that only publishes. The inbox then fails with a
+	// *sqladapters.MissingTableError; migrating again without this option
+	// creates it. Defaults to false.
+	WithoutInbox bool
 	// SkipLocked tells the dialect that the server supports FOR UPDATE
 	// SKIP LOCKED (MySQL 8.0.1+, MariaDB 10.6+): partition claims then skip
 	// lease rows another instance is claiming instead of waiting for it.

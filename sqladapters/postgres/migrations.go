@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"slices"
+
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -28,7 +30,7 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	o, t := d.outbox, d.opts.OutboxTable
 	ms := []sqladapters.Migration{{
 		Version: 1,
-		Name:    "outbox, leases and inbox",
+		Name:    "outbox and leases",
 		Statements: []string{
 			`CREATE TABLE IF NOT EXISTS ` + o + ` (
 	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,` + outboxColumns + `
@@ -50,13 +52,6 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	instance   text PRIMARY KEY,
 	expires_at timestamptz NOT NULL
 )`,
-			`CREATE TABLE IF NOT EXISTS ` + d.inbox + ` (
-	consumer    text        NOT NULL,
-	message_id  text        NOT NULL,
-	received_at timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (consumer, message_id)
-)`,
-			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
 		},
 	}, {
 		Version: 2,
@@ -73,9 +68,29 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_retry_idx") + ` ON ` + o +
 				` (key_hash, id) WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL`,
 		},
+	}, {
+		// Version 1 created the inbox of installations made before
+		// version 3 existed; for them this changes nothing.
+		Version: 3,
+		Name:    "inbox",
+		Statements: []string{
+			`CREATE TABLE IF NOT EXISTS ` + d.inbox + ` (
+	consumer    text        NOT NULL,
+	message_id  text        NOT NULL,
+	received_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, message_id)
+)`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
+		},
 	}}
+	if d.opts.WithoutInbox {
+		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
+	}
 	return d.layout(ms)
 }
+
+// inboxVersion is the migration that creates the inbox.
+const inboxVersion = 3
 
 // LockMigrations takes a transaction-scoped advisory lock named after the
 // outbox table; it is released by the migration transaction's end.

@@ -38,6 +38,11 @@ type Options struct {
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
+	// WithoutInbox leaves the inbox table out of the migrations, for an
+	// application that only publishes. The inbox then fails with a
+	// *sqladapters.MissingTableError; migrating again without this option
+	// creates it. Defaults to false.
+	WithoutInbox bool
 	// Notify makes the outbox insert call pg_notify, so that forwarders
 	// connected through pgxv5.WrapPool wake up on the commit instead of
 	// at their next look at the table (Config.WatchInterval, a few

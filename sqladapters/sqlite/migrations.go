@@ -1,15 +1,17 @@
 package sqlite
 
 import (
+	"slices"
+
 	"github.com/millbox/millbox/sqladapters"
 )
 
 // Migrations lists the schema versions.
 func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	o, t := d.outbox, d.opts.OutboxTable
-	return []sqladapters.Migration{{
+	ms := []sqladapters.Migration{{
 		Version: 1,
-		Name:    "outbox, leases and inbox",
+		Name:    "outbox and leases",
 		Statements: []string{
 			// AUTOINCREMENT: ids are never reused after deletes (see the
 			// package documentation).
@@ -47,13 +49,6 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 	instance   TEXT PRIMARY KEY,
 	expires_at TIMESTAMP NOT NULL
 ) WITHOUT ROWID`,
-			`CREATE TABLE IF NOT EXISTS ` + d.inbox + ` (
-	consumer    TEXT      NOT NULL,
-	message_id  TEXT      NOT NULL,
-	received_at TIMESTAMP NOT NULL DEFAULT (` + now + `),
-	PRIMARY KEY (consumer, message_id)
-) WITHOUT ROWID`,
-			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
 		},
 	}, {
 		Version: 2,
@@ -68,8 +63,29 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_retry_idx") + ` ON ` + o +
 				` (key_hash, id) WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL`,
 		},
+	}, {
+		// Version 1 created the inbox of installations made before
+		// version 3 existed; for them this changes nothing.
+		Version: 3,
+		Name:    "inbox",
+		Statements: []string{
+			`CREATE TABLE IF NOT EXISTS ` + d.inbox + ` (
+	consumer    TEXT      NOT NULL,
+	message_id  TEXT      NOT NULL,
+	received_at TIMESTAMP NOT NULL DEFAULT (` + now + `),
+	PRIMARY KEY (consumer, message_id)
+) WITHOUT ROWID`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
+		},
 	}}
+	if d.opts.WithoutInbox {
+		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
+	}
+	return ms
 }
+
+// inboxVersion is the migration that creates the inbox.
+const inboxVersion = 3
 
 // LockMigrations makes the migration transaction a writer from its first
 // statement, which is how SQLite serializes migrators: it has no advisory

@@ -47,6 +47,11 @@ type Options struct {
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
+	// WithoutInbox leaves the inbox table out of the migrations, for an
+	// application that only publishes. The inbox then fails with a
+	// *sqladapters.MissingTableError; migrating again without this option
+	// creates it. Defaults to false.
+	WithoutInbox bool
 }
 
 // Dialect is the SQLite implementation of the store contract,

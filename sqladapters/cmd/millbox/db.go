@@ -158,25 +158,27 @@ type tableFlags struct {
 	// partitioned, for 'migrate' on Postgres, creates the time-partitioned
 	// outbox (postgres.Options.Partitioned).
 	partitioned *postgres.PartitionOptions
+	// withoutInbox, for 'migrate', leaves the inbox table out.
+	withoutInbox bool
 }
 
 // dialect builds the dialect of kind with the table flags.
 func (f tableFlags) dialect(kind string) (sqladapters.Dialect, error) {
 	switch kind {
 	case "postgres":
-		return postgres.New(postgres.Options{Schema: f.schema, OutboxTable: f.outbox, InboxTable: f.inbox, Partitioned: f.partitioned})
+		return postgres.New(postgres.Options{Schema: f.schema, OutboxTable: f.outbox, InboxTable: f.inbox, Partitioned: f.partitioned, WithoutInbox: f.withoutInbox})
 	}
 	if f.partitioned != nil {
 		return nil, fmt.Errorf("--partitioned applies to PostgreSQL only, not %s", kind)
 	}
 	switch kind {
 	case "mysql":
-		return mysql.New(mysql.Options{Database: f.schema, OutboxTable: f.outbox, InboxTable: f.inbox})
+		return mysql.New(mysql.Options{Database: f.schema, OutboxTable: f.outbox, InboxTable: f.inbox, WithoutInbox: f.withoutInbox})
 	case "sqlite":
 		if f.schema != "" {
 			return nil, errors.New("--schema does not apply to SQLite: one file is one database")
 		}
-		return sqlite.New(sqlite.Options{OutboxTable: f.outbox, InboxTable: f.inbox})
+		return sqlite.New(sqlite.Options{OutboxTable: f.outbox, InboxTable: f.inbox, WithoutInbox: f.withoutInbox})
 	}
 	return nil, fmt.Errorf("unknown database %q: want postgres, mysql or sqlite", kind)
 }

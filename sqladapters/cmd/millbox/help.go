@@ -71,12 +71,16 @@ for audit or that may hold tens of millions of rows; see 'millbox help partition
 chooses the layout of a new installation; an existing outbox keeps its layout. Forwarders
 and publishers then need postgres.Options{Partitioned: ...} with the same interval.
 
+--without-inbox leaves the inbox table out, for an application that only publishes; a
+later 'migrate up' without it creates the inbox.
+
 Examples:
   millbox migrate up --dsn 'postgres://app@localhost:5432/app' --schema messaging
   millbox migrate up --dsn 'sqlite:///var/lib/app/app.db'
   millbox migrate sql --db postgres --schema messaging > migrations/0001_millbox.sql
   millbox migrate sql --db mysql --outbox-table events_outbox
   millbox migrate up --dsn 'postgres://app@localhost:5432/app' --partitioned --interval 24h
+  millbox migrate sql --db postgres --without-inbox
 `
 
 const statusUsage = `Usage:

@@ -649,6 +649,8 @@ func TestMigrateSQL(t *testing.T) {
 		{[]string{"--db", "postgres", "--schema", "app", "--partitioned"}, []string{`CREATE SCHEMA IF NOT EXISTS "app";`, `"app"."millbox_outbox"`}, nil},
 		{[]string{"--db", "mysql", "--schema", "shop", "--outbox-table", "events"}, []string{"CREATE DATABASE IF NOT EXISTS `shop`", "`shop`.`events`"}, nil},
 		{[]string{"--dsn", "sqlite://x.db", "--inbox-table", "seen"}, []string{`CREATE TABLE IF NOT EXISTS "seen"`}, []string{"CREATE SCHEMA"}},
+		{[]string{"--db", "postgres", "--without-inbox"}, []string{`CREATE TABLE IF NOT EXISTS "millbox_outbox"`}, []string{`CREATE TABLE IF NOT EXISTS "millbox_inbox"`}},
+		{[]string{"--db", "mysql", "--without-inbox"}, []string{"CREATE TABLE IF NOT EXISTS `millbox_outbox`"}, []string{"CREATE TABLE IF NOT EXISTS `millbox_inbox`"}},
 	} {
 		r := mustRun(t, append([]string{"migrate", "sql"}, c.args...)...)
 		for _, w := range c.want {

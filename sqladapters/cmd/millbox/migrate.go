@@ -16,12 +16,14 @@ func migrateCmd(ctx context.Context, e env, args []string) error {
 	c.register(fs)
 	db := fs.String("db", "", "for 'migrate sql' without --dsn: postgres, mysql or sqlite")
 	partitioned := fs.Bool("partitioned", false, "Postgres: create the outbox as a time-partitioned table (postgres.Options.Partitioned)")
+	withoutInbox := fs.Bool("without-inbox", false, "leave the inbox table out, for an application that only publishes (Options.WithoutInbox)")
 	var po postgres.PartitionOptions
 	fs.Var(ageFlag{&po.Interval}, "interval", "with --partitioned: range of one partition, whole hours (PartitionOptions.Interval; default 24h)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
+	c.tables.withoutInbox = *withoutInbox
 	switch {
 	case *partitioned:
 		c.tables.partitioned = &po
