@@ -117,13 +117,18 @@ func run(pgURL, brokers string, n, keys int) error {
 		return err
 	}
 	defer stopFirst()
+	// Ready means running: the instance then takes the slot within moments
+	// when no other instance streams from it.
+	if err := waitActive(ctx, first); err != nil {
+		return err
+	}
 	second, stopSecond, err := start(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer stopSecond()
-	if !first.Active() || second.Active() {
-		return errors.New("the first instance should stream and the second stand by")
+	if second.Active() {
+		return errors.New("the second instance should stand by while the first streams")
 	}
 
 	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: dialect})
@@ -208,6 +213,20 @@ func start(ctx context.Context, cfg cdc.Config) (*cdc.Forwarder, func(), error) 
 			fmt.Fprintln(os.Stderr, "cdc forwarder:", err)
 		}
 	}, nil
+}
+
+// waitActive waits until f streams from the slot.
+func waitActive(ctx context.Context, f *cdc.Forwarder) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for !f.Active() {
+		select {
+		case <-ctx.Done():
+			return errors.New("the first instance did not take the slot within 30s")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // publish commits one event in a transaction of its own; an application
