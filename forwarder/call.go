@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millbox/millbox/forwarder/internal/failure"
 	"github.com/millbox/millbox/forwarder/internal/metadata"
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -137,13 +134,6 @@ func (f *Forwarder) publish(topic string, msgs []*message.Message) (err error) {
 	return f.cfg.Publisher.Publish(topic, msgs...)
 }
 
-// permanentError marks a row that can never be published as stored; it is
-// dead-lettered at once.
-type permanentError struct{ err error }
-
-func (e permanentError) Error() string { return e.err.Error() }
-func (e permanentError) Unwrap() error { return e.err }
-
 // outgoing is a row turned into the message the destination receives.
 type outgoing struct {
 	topic string
@@ -154,7 +144,7 @@ type outgoing struct {
 func (f *Forwarder) prepare(r sqladapters.OutboxRow) (o outgoing) {
 	o.msg = message.NewMessage(r.UUID, r.Payload)
 	if err := metadata.Decode(r.Metadata, &o.msg.Metadata); err != nil {
-		o.err = permanentError{fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err)}
+		o.err = failure.Permanent(fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err))
 		return o
 	}
 	o.topic = r.Topic
@@ -174,50 +164,4 @@ func (f *Forwarder) prepare(r sqladapters.OutboxRow) (o outgoing) {
 		o.topic = topic
 	}
 	return o
-}
-
-// unavailableMarkers are texts of connection-level errors of publishers
-// that do not wrap ErrDestinationUnavailable or a network error: sarama
-// (watermill-kafka), amqp091 (watermill-amqp), franz-go.
-var unavailableMarkers = []string{
-	"connection refused",
-	"connection reset",
-	"broken pipe",
-	"not connected",
-	"connection closed",
-	"connection is not open",
-	"channel/connection is not open",
-	"run out of available brokers",
-	"circuit breaker is open", // sarama's own breaker, for a while after its broker came back
-	"no route to host",
-	"unable to dial",
-	"use of closed network connection",
-}
-
-// destinationUnavailable tells a failure of the destination as a whole
-// (broker down, connection lost) from a failure about the message.
-func destinationUnavailable(err error) bool {
-	if err == nil {
-		return false
-	}
-	var perm permanentError
-	if errors.As(err, &perm) {
-		return false
-	}
-	if errors.Is(err, ErrDestinationUnavailable) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
-		return true
-	}
-	var op *net.OpError
-	if errors.As(err, &op) {
-		return true
-	}
-	s := strings.ToLower(err.Error())
-	for _, m := range unavailableMarkers {
-		if strings.Contains(s, m) {
-			return true
-		}
-	}
-	return false
 }

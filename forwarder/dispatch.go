@@ -2,12 +2,12 @@ package forwarder
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/millbox/millbox/forwarder/internal/failure"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -325,7 +325,7 @@ func (d *dispatcher) onCall(ev callEvent) {
 		d.settle(l)
 		return
 	}
-	if destinationUnavailable(ev.err) || (d.breaker.open && !c.probe) {
+	if failure.Unavailable(ev.err) || (d.breaker.open && !c.probe) {
 		// Not the message's fault, or not known to be while the
 		// destination looks down: keep the rows, pause everything
 		// behind one probe.
@@ -336,7 +336,7 @@ func (d *dispatcher) onCall(ev callEvent) {
 		d.settle(l)
 		return
 	}
-	if undelivered := len(c.rows) - ev.delivered; undelivered > 1 && !ev.partial && !isPermanent(ev.err) {
+	if undelivered := len(c.rows) - ev.delivered; undelivered > 1 && !ev.partial && !failure.IsPermanent(ev.err) {
 		// Several messages failed together: send them one by one to
 		// find the one that fails.
 		l.single = undelivered
@@ -354,11 +354,6 @@ func (d *dispatcher) onCall(ev callEvent) {
 		d.scheduleProbe(false)
 	}
 	d.fail(l, l.queue[0], ev.err)
-}
-
-func isPermanent(err error) bool {
-	var perm permanentError
-	return errors.As(err, &perm)
 }
 
 // fail records a failed attempt of row, the first undelivered row of l.
@@ -385,7 +380,7 @@ func (d *dispatcher) onRecord(ev recordEvent) {
 				watermill.LogFields{"id": l.queue[0].ID, "uuid": l.queue[0].UUID})
 		}
 		l.holding = true
-		time.AfterFunc(d.f.backoff(l.queue[0].Attempts+1), func() { d.holds <- l })
+		time.AfterFunc(failure.Backoff(l.queue[0].Attempts+1, d.f.cfg.MinBackoff, d.f.cfg.MaxBackoff, d.f.cfg.BackoffJitter), func() { d.holds <- l })
 	}
 	l.failed = true
 	d.settle(l)

@@ -9,39 +9,15 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/millbox/millbox/forwarder/internal/failure"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/postgres"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
-
-func TestBackoffGrowsAndIsCapped(t *testing.T) {
-	f := &Forwarder{cfg: Config{MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}}
-	want := []time.Duration{100, 200, 400, 800, 1000, 1000}
-	for i, w := range want {
-		if got := f.backoff(i + 1); got != w*time.Millisecond {
-			t.Fatalf("attempt %d: backoff %v, want %v", i+1, got, w*time.Millisecond)
-		}
-	}
-	f.cfg.BackoffJitter = 0.5
-	for range 1000 {
-		if d := f.backoff(1); d < 50*time.Millisecond || d > 150*time.Millisecond {
-			t.Fatalf("jittered backoff %v outside ±50%%", d)
-		}
-	}
-}
-
-func TestCleanErrorIsStorable(t *testing.T) {
-	s := cleanError(errors.New("bad \xff\xfe bytes \x00 and " + strings.Repeat("é", 3000)))
-	if !utf8.ValidString(s) || strings.ContainsRune(s, 0) || len(s) > maxErrorLength {
-		t.Fatalf("not storable: valid=%v len=%d", utf8.ValidString(s), len(s))
-	}
-}
 
 func TestConfigDefaultsAndValidation(t *testing.T) {
 	var c Config
@@ -81,17 +57,17 @@ func TestDestinationUnavailableTellsOutagesFromMessageErrors(t *testing.T) {
 		&PartialError{Delivered: 3, Err: fmt.Errorf("connection lost: %w", ErrDestinationUnavailable)},
 	}
 	for _, err := range outages {
-		if !destinationUnavailable(err) {
+		if !failure.Unavailable(err) {
 			t.Errorf("%v: not seen as the destination being unavailable", err)
 		}
 	}
 	messageErrors := []error{
 		errors.New("kafka server: Message was too large"),
-		permanentError{errors.New("malformed metadata")},
+		failure.Permanent(errors.New("malformed metadata")),
 		fmt.Errorf("%w: Publish did not return within PublishTimeout 1s", errPublishTimeout),
 	}
 	for _, err := range messageErrors {
-		if destinationUnavailable(err) {
+		if failure.Unavailable(err) {
 			t.Errorf("%v: seen as an outage, but it is about the message", err)
 		}
 	}
@@ -115,7 +91,7 @@ func TestPrepareDecodesMetadataAsEncodingJSON(t *testing.T) {
 			t.Fatalf("%q: error %v, encoding/json says %v", md, o.err, wantErr)
 		}
 		if wantErr != nil {
-			if !isPermanent(o.err) {
+			if !failure.IsPermanent(o.err) {
 				t.Fatalf("%q: error %v is not permanent", md, o.err)
 			}
 			continue

@@ -3,6 +3,8 @@ package forwarder
 import (
 	"errors"
 	"fmt"
+
+	"github.com/millbox/millbox/forwarder/internal/failure"
 )
 
 // ErrDestinationUnavailable marks a destination failure that is not about
@@ -12,7 +14,7 @@ import (
 // instead of failing (and backing off) every key on its own.
 //
 // Destination publishers wrap it: errors.Is(err, ErrDestinationUnavailable).
-var ErrDestinationUnavailable = errors.New("millbox: destination unavailable")
+var ErrDestinationUnavailable = failure.ErrDestinationUnavailable
 
 // PartialError is returned by a batch publisher whose Publish call
 // delivered the first Delivered messages, in call order, and not the rest.

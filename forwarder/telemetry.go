@@ -18,6 +18,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/millbox/millbox/forwarder/internal/failure"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -184,7 +185,7 @@ func errorClass(err error) string {
 		return ErrorClassDestinationUnavailable
 	case errors.As(err, &netErr) && netErr.Timeout():
 		return ErrorClassTimeout
-	case destinationUnavailable(err): // the classification the breaker uses
+	case failure.Unavailable(err): // the classification the breaker uses
 		return ErrorClassDestinationUnavailable
 	}
 	return ErrorClassPublish
@@ -311,7 +312,7 @@ func (t *telemetry) failed(ctx context.Context, topic string, n int, err error) 
 // noteError remembers err as the last error, for Status.
 func (t *telemetry) noteError(err error) {
 	t.errMu.Lock()
-	t.lastErr, t.lastErrAt = cleanError(err), time.Now()
+	t.lastErr, t.lastErrAt = failure.Text(err), time.Now()
 	t.errMu.Unlock()
 }
 

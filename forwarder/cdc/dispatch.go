@@ -9,6 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pglogrepl"
+
+	"github.com/millbox/millbox/forwarder/internal/failure"
 )
 
 // unkeyed is the handed-key entry of the rows without an ordering key (a
@@ -529,11 +531,11 @@ func (d *dispatcher) onCall(r callResult) {
 		return
 	}
 	switch {
-	case destinationUnavailable(r.err):
+	case failure.Unavailable(r.err):
 		d.errDelay = min(max(2*d.errDelay, 100*time.Millisecond), 5*time.Second)
 		d.f.reportError(r.err)
 		d.pause(l, d.errDelay)
-	case len(rows)-r.delivered > 1 && !r.partial && !isPermanent(r.err):
+	case len(rows)-r.delivered > 1 && !r.partial && !failure.IsPermanent(r.err):
 		l.single = len(rows) - r.delivered
 		d.settle(l)
 	default:
@@ -631,7 +633,7 @@ func (d *dispatcher) onRecord(r recordResult) {
 			return
 		}
 		l.failRow, l.failErr = r.row, r.err
-		d.pause(l, d.f.backoff(r.row.Attempts+1))
+		d.pause(l, failure.Backoff(r.row.Attempts+1, d.f.cfg.MinBackoff, d.f.cfg.MaxBackoff, d.f.cfg.BackoffJitter))
 		return
 	}
 	// The attempt is stored: the row, and every later row of its key, now

@@ -5,20 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/internal/failure"
 	"github.com/millbox/millbox/forwarder/internal/metadata"
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -92,7 +88,7 @@ func (f *Forwarder) publish(topic string, msgs []*message.Message) (err error) {
 func (f *Forwarder) prepare(r *streamRow) (msg *message.Message, topic string, err error) {
 	msg = message.NewMessage(r.UUID, r.Payload)
 	if err := metadata.Decode(r.Metadata, &msg.Metadata); err != nil {
-		return nil, "", permanentError{fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err)}
+		return nil, "", failure.Permanent(fmt.Errorf("malformed metadata %.100q: %w", r.Metadata, err))
 	}
 	topic = r.Topic
 	if f.cfg.Topic != nil {
@@ -112,63 +108,17 @@ func (f *Forwarder) prepare(r *streamRow) (msg *message.Message, topic string, e
 	return msg, topic, nil
 }
 
-// permanentError marks a row that can never be published as stored; it is
-// dead-lettered at once.
-type permanentError struct{ err error }
-
-func (e permanentError) Error() string { return e.err.Error() }
-func (e permanentError) Unwrap() error { return e.err }
-
-func isPermanent(err error) bool {
-	var p permanentError
-	return errors.As(err, &p)
-}
-
-// unavailableMarkers are texts of connection-level errors of publishers
-// that wrap neither forwarder.ErrDestinationUnavailable nor a network
-// error.
-var unavailableMarkers = []string{
-	"connection refused", "connection reset", "broken pipe", "not connected", "connection closed",
-	"connection is not open", "run out of available brokers", "circuit breaker is open",
-	"no route to host", "unable to dial", "use of closed network connection",
-}
-
-// destinationUnavailable tells a failure of the destination as a whole
-// from a failure about the message; the former is retried without
-// counting an attempt.
-func destinationUnavailable(err error) bool {
-	if err == nil || isPermanent(err) {
-		return false
-	}
-	if errors.Is(err, forwarder.ErrDestinationUnavailable) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
-		return true
-	}
-	var op *net.OpError
-	if errors.As(err, &op) {
-		return true
-	}
-	s := strings.ToLower(err.Error())
-	for _, m := range unavailableMarkers {
-		if strings.Contains(s, m) {
-			return true
-		}
-	}
-	return false
-}
-
 // recordFailure stores a failed attempt of row with the dialect's
 // RecordFailure: attempts, last error, next attempt time, or the dead
 // letters.
 func (f *Forwarder) recordFailure(row *streamRow, cause error) (dead bool, err error) {
 	attempts := row.Attempts + 1
-	dead = isPermanent(cause) || (f.cfg.MaxAttempts > 0 && attempts >= f.cfg.MaxAttempts)
+	dead = failure.IsPermanent(cause) || (f.cfg.MaxAttempts > 0 && attempts >= f.cfg.MaxAttempts)
 	fail := sqladapters.Failure{
 		ID:       row.ID,
 		Attempts: attempts,
-		Error:    cleanError(cause),
-		Backoff:  f.backoff(attempts),
+		Error:    failure.Text(cause),
+		Backoff:  failure.Backoff(attempts, f.cfg.MinBackoff, f.cfg.MaxBackoff, f.cfg.BackoffJitter),
 		Dead:     dead,
 	}
 	fields := watermill.LogFields{"id": row.ID, "uuid": row.UUID, "topic": row.Topic, "attempts": attempts}
@@ -196,35 +146,6 @@ func (f *Forwarder) recordFailure(row *streamRow, cause error) (dead bool, err e
 		// are visible to other sessions.
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// backoff is MinBackoff doubled per attempt, capped at MaxBackoff, ± jitter.
-func (f *Forwarder) backoff(attempts int) time.Duration {
-	d := f.cfg.MinBackoff
-	for i := 1; i < attempts && d < f.cfg.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, f.cfg.MaxBackoff)
-	if j := f.cfg.BackoffJitter; j > 0 && d > 0 {
-		d = time.Duration(float64(d) * (1 + j*(2*rand.Float64()-1)))
-	}
-	return d
-}
-
-const maxErrorLength = 2000
-
-// cleanError makes an error storable as text: valid UTF-8, no NUL bytes,
-// bounded length.
-func cleanError(err error) string {
-	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
-	s = strings.ReplaceAll(s, "\x00", "")
-	if len(s) > maxErrorLength {
-		s = s[:maxErrorLength]
-		for !utf8.ValidString(s) {
-			s = s[:len(s)-1]
-		}
-	}
-	return s
 }
 
 // complete deletes published rows, or stamps them with KeepForwarded, and

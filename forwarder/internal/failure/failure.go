@@ -1,0 +1,102 @@
+package failure
+
+import (
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+)
+
+// ErrDestinationUnavailable is forwarder.ErrDestinationUnavailable.
+var ErrDestinationUnavailable = errors.New("millbox: destination unavailable")
+
+// permanent marks a row that can never be published as stored; it is
+// dead-lettered at once.
+type permanent struct{ err error }
+
+func (e permanent) Error() string { return e.err.Error() }
+func (e permanent) Unwrap() error { return e.err }
+
+// Permanent marks err as one that no retry can fix.
+func Permanent(err error) error { return permanent{err} }
+
+// IsPermanent tells whether err was marked with Permanent.
+func IsPermanent(err error) bool {
+	var p permanent
+	return errors.As(err, &p)
+}
+
+// unavailableMarkers are texts of connection-level errors of publishers
+// that do not wrap ErrDestinationUnavailable or a network error: sarama
+// (watermill-kafka), amqp091 (watermill-amqp), franz-go.
+var unavailableMarkers = []string{
+	"connection refused",
+	"connection reset",
+	"broken pipe",
+	"not connected",
+	"connection closed",
+	"connection is not open",
+	"run out of available brokers",
+	"circuit breaker is open", // sarama's own breaker, for a while after its broker came back
+	"no route to host",
+	"unable to dial",
+	"use of closed network connection",
+}
+
+// Unavailable tells a failure of the destination as a whole (broker down,
+// connection lost) from a failure about the message.
+func Unavailable(err error) bool {
+	if err == nil || IsPermanent(err) {
+		return false
+	}
+	if errors.Is(err, ErrDestinationUnavailable) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return true
+	}
+	s := strings.ToLower(err.Error())
+	for _, m := range unavailableMarkers {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// Backoff is lo doubled per attempt, capped at hi, ± jitter.
+func Backoff(attempts int, lo, hi time.Duration, jitter float64) time.Duration {
+	d := lo
+	for i := 1; i < attempts && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	if jitter > 0 && d > 0 {
+		d = time.Duration(float64(d) * (1 + jitter*(2*rand.Float64()-1)))
+	}
+	return d
+}
+
+// MaxErrorLength bounds the error text stored with a failed row.
+const MaxErrorLength = 2000
+
+// Text makes err storable as text in every database: valid UTF-8, no NUL
+// bytes, at most MaxErrorLength bytes.
+func Text(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) > MaxErrorLength {
+		s = s[:MaxErrorLength]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
