@@ -75,6 +75,10 @@ type Dialect interface {
 	// (the position of the outbox's id sequence). It fails with
 	// errors.ErrUnsupported where Features().HighWaterMark is false.
 	HighWaterMark(ctx context.Context, e Executor) (int64, error)
+	// PendingHorizon returns what a forwarder needs to know which ids no
+	// pending row can take any more (see Horizon). It fails with
+	// errors.ErrUnsupported where Features().Horizon is false.
+	PendingHorizon(ctx context.Context, e Executor) (Horizon, error)
 	// NotifyProbe notifies the outbox's channel, so that a listener can
 	// check that notifications arrive. It fails with
 	// errors.ErrUnsupported when NotifyChannel is "".
@@ -174,6 +178,37 @@ type Features struct {
 	// forwarder without notifications then watches it every
 	// Config.WatchInterval and reads the outbox only when it moved.
 	HighWaterMark bool
+	// Horizon is true when Dialect.PendingHorizon is supported and the
+	// outbox insert takes its transaction id before the row's id (see
+	// Horizon). A forwarder then reads past the ids below the first
+	// pending row (PendingQuery.After) instead of walking, with every
+	// read, the index entries of the rows it deleted until vacuum
+	// removes them.
+	Horizon bool
+}
+
+// Horizon is one look at the outbox and the database's transactions,
+// taken in one statement that runs in a transaction of its own. Where
+// Features().Horizon is true, the outbox insert gives its transaction an
+// id before it draws the row's id. So every row with an id up to one
+// look's Mark belongs to a transaction that took its id before the next
+// look's XID; once a later look's XMin has reached that XID, all those
+// transactions have ended and no row up to Mark can become visible any
+// more. A forwarder reads past such ids when no pending row is left
+// among them.
+type Horizon struct {
+	// Mark is the position of the outbox's id sequence.
+	Mark int64
+	// XMin is the oldest transaction id still running when the statement
+	// started (or the next to be completed when none was).
+	XMin uint64
+	// XID is the transaction id the statement itself took: every
+	// transaction that took one before has a smaller id.
+	XID uint64
+	// RetryMin is the lowest id of a row waiting for a retry (0: none).
+	// Such a row and the later rows of its key become due without being
+	// inserted again.
+	RetryMin int64
 }
 
 // Migration is one versioned step of the millbox schema.
@@ -219,7 +254,9 @@ type PendingQuery struct {
 	Owned      []int
 	// Exclude lists ids not to return: rows the forwarder has in flight.
 	Exclude []int64
-	Limit   int
+	// After, when positive, leaves out rows with an id up to After.
+	After int64
+	Limit int
 }
 
 // Failure records one failed publish of a row.

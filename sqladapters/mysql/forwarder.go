@@ -40,6 +40,9 @@ WHERE o.state = ` + statePending + ` AND o.next_attempt_at <= ` + now)
 	if len(q.Exclude) > 0 {
 		b.WriteString(` AND o.id NOT IN (` + intList(q.Exclude) + `)`)
 	}
+	if q.After > 0 {
+		b.WriteString(` AND o.id > ` + strconv.FormatInt(q.After, 10))
+	}
 	b.WriteString(`
 AND (o.` + "`key`" + ` IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p FORCE INDEX (retry_idx)

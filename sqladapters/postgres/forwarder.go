@@ -35,6 +35,10 @@ WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= now(
 		b.WriteString(` AND o.id NOT IN (SELECT unnest($` + strconv.Itoa(len(args)+1) + `::bigint[]))`)
 		args = append(args, idArray(q.Exclude))
 	}
+	if q.After > 0 {
+		b.WriteString(` AND o.id > $` + strconv.Itoa(len(args)+1))
+		args = append(args, q.After)
+	}
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p
@@ -205,6 +209,21 @@ func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapter
 	s := d.SelectPending(q)
 	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
 	return s
+}
+
+// PendingHorizon returns the sequence position, the statement snapshot's
+// xmin, the transaction id the statement takes (pg_current_xact_id gives
+// its autocommit transaction one; it commits without waiting for a disk
+// flush, as it writes nothing else), and the lowest id waiting for a
+// retry, through retry_idx, which holds only such rows.
+func (d *sqlDialect) PendingHorizon() sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')), 0),
+	pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+	pg_current_xact_id()::text::bigint,
+	coalesce((SELECT min(id) FROM ` + d.outbox + ` WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL), 0)`,
+		Args: []any{d.outbox},
+	}
 }
 
 // HighWaterMark returns the position of the outbox's id sequence: one

@@ -31,6 +31,14 @@ const (
 // notifications on, the last statement also calls pg_notify in the same
 // round trip; Postgres delivers it on commit and folds repeats within one
 // transaction into one.
+//
+// The rows come from a VALUES list behind a one-time filter on
+// pg_current_xact_id(), which gives the transaction its id before the
+// identity default draws the rows' ids (a plain INSERT draws them first
+// and takes the transaction id when it writes the first row). So every
+// row belongs to a transaction that had an id when its row id was
+// drawn, which is what PendingHorizon relies on. The VALUES columns carry
+// their types: in a subquery they are not taken from the table.
 func (d *sqlDialect) InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query {
 	var qs []sqladapters.Query
 	for start := 0; start < len(msgs); {
@@ -63,6 +71,9 @@ func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query) {
 		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
 }
 
+// insertTypes are the casts of one row's parameters, in column order.
+var insertTypes = [...]string{"::text", "::text", "::bytea", "::jsonb", "::text", "::integer"}
+
 func (d *sqlDialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) sqladapters.Query {
 	var b strings.Builder
 	args := make([]any, 0, len(msgs)*6+1)
@@ -71,18 +82,21 @@ func (d *sqlDialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) 
 	}
 	b.WriteString("INSERT INTO ")
 	b.WriteString(d.outbox)
-	b.WriteString(" (topic, uuid, payload, metadata, key, key_hash) VALUES ")
+	b.WriteString(" (topic, uuid, payload, metadata, key, key_hash) SELECT * FROM (VALUES ")
 	for i, m := range msgs {
 		if i > 0 {
 			b.WriteByte(',')
 		}
 		n := len(args)
-		b.WriteString("($")
-		for j := 1; j <= 6; j++ {
-			if j > 1 {
-				b.WriteString(",$")
+		for j, typ := range insertTypes {
+			if j == 0 {
+				b.WriteByte('(')
+			} else {
+				b.WriteByte(',')
 			}
-			b.WriteString(strconv.Itoa(n + j))
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n + j + 1))
+			b.WriteString(typ)
 		}
 		b.WriteByte(')')
 		var key any
@@ -91,6 +105,7 @@ func (d *sqlDialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) 
 		}
 		args = append(args, m.Topic, m.UUID, m.Payload, string(m.Metadata), key, m.KeyHash)
 	}
+	b.WriteString(") v WHERE pg_current_xact_id() IS NOT NULL")
 	if notify {
 		args = append(args, d.channel)
 		b.WriteString(") SELECT pg_notify($")

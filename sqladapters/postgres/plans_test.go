@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -170,5 +171,68 @@ func TestPlanPendingReadWithoutJIT(t *testing.T) {
 	}
 	if !jitAvailable {
 		t.Log("the server has no JIT provider; only the settings' statements were checked")
+	}
+}
+
+// TestPlanPendingReadAfterSkipsDeletedRows drains rows the way a forwarder
+// does and reads again before vacuum: a read from the head walks the
+// entries of every deleted row still in the pending index, a read with
+// PendingQuery.After starts past them. Both return the same rows; the
+// buffers each touches tell the walks apart.
+func TestPlanPendingReadAfterSkipsDeletedRows(t *testing.T) {
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	d := pgtest.Dialect(t, db, pool, postgres.Options{})
+	ctx := dialecttest.Ctx(t, time.Minute)
+	b := planBuilderOf(t, d)
+	const drained = 20000
+	for _, s := range []string{
+		`ALTER TABLE ` + d.OutboxTable() + ` SET (autovacuum_enabled = false)`,
+		`INSERT INTO ` + d.OutboxTable() + ` (topic, uuid, payload, key_hash)
+			SELECT 't', g::text, '\x', 0 FROM generate_series(1, ` + strconv.Itoa(drained+10) + `) g`,
+	} {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ids []int64
+	if err := pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM `+d.OutboxTable()).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.CompleteForwarded(ctx, db, ids[:drained], false); err != nil || n != drained {
+		t.Fatalf("CompleteForwarded: %d, %v", n, err)
+	}
+	head := sqladapters.PendingQuery{Limit: 10}
+	after := sqladapters.PendingQuery{After: ids[drained-1], Limit: 10}
+	for _, q := range []sqladapters.PendingQuery{head, after} {
+		rows, err := d.ReadPending(ctx, db, q, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != 10 || rows[0].ID != ids[drained] {
+			t.Fatalf("read %+v: %d rows from id %v, want 10 from %d", q, len(rows), rows, ids[drained])
+		}
+	}
+	blocks := func(q sqladapters.PendingQuery) int {
+		t.Helper()
+		var plan []struct {
+			Plan struct {
+				Hit  int `json:"Shared Hit Blocks"`
+				Read int `json:"Shared Read Blocks"`
+			}
+		}
+		text := planText(t, ctx, db, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)", b.SelectPending(q))
+		if err := json.Unmarshal([]byte(text), &plan); err != nil || len(plan) != 1 {
+			t.Fatalf("plan: %v\n%s", err, text)
+		}
+		return plan[0].Plan.Hit + plan[0].Plan.Read
+	}
+	fromHead, fromAfter := blocks(head), blocks(after)
+	t.Logf("buffers: %d from the head, %d after the drained rows", fromHead, fromAfter)
+	if fromHead < drained/1000 {
+		t.Fatalf("the read from the head touched %d buffers: the drained rows' entries are gone, so the check cannot tell", fromHead)
+	}
+	if fromAfter*4 > fromHead {
+		t.Fatalf("the read after the drained rows touched %d buffers, the read from the head %d: it walked them too", fromAfter, fromHead)
 	}
 }

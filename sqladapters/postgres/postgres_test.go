@@ -19,7 +19,7 @@ func TestDialect(t *testing.T) {
 		Outbox:  `"millbox_outbox"`,
 		Inbox:   `"millbox_inbox"`,
 		Features: sqladapters.Features{
-			TransactionalDDL: true, SkipLocked: true, ConcurrentWriters: true, ExcludeInSQL: true, HighWaterMark: true,
+			TransactionalDDL: true, SkipLocked: true, ConcurrentWriters: true, ExcludeInSQL: true, HighWaterMark: true, Horizon: true,
 		},
 		BadNames: map[string]postgres.Options{
 			"schema quote": {Schema: `public"; DROP SCHEMA public; --`},

@@ -37,6 +37,10 @@ WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= ?`)
 		b.WriteString(` AND o.id NOT IN (SELECT value FROM json_each(?))`)
 		args = append(args, idList(q.Exclude))
 	}
+	if q.After > 0 {
+		b.WriteString(` AND o.id > ?`)
+		args = append(args, q.After)
+	}
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p

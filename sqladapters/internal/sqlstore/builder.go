@@ -102,6 +102,13 @@ type HighWaterMark interface {
 	HighWaterMark() sqladapters.Query
 }
 
+// PendingHorizon is implemented by a Builder that can report a Horizon:
+// one row of Mark, XMin, XID and RetryMin. Its outbox insert must take
+// the transaction's id before the row's id.
+type PendingHorizon interface {
+	PendingHorizon() sqladapters.Query
+}
+
 // PendingAges is implemented by a Builder whose pending read can return
 // each row's age: SelectPending's columns and an eighth, the age in
 // microseconds by the database's clock.

@@ -49,6 +49,7 @@ func (s *Store) Name() string { return s.b.Name() }
 func (s *Store) Features() sqladapters.Features {
 	f := s.b.Features()
 	_, f.HighWaterMark = s.b.(HighWaterMark)
+	_, f.Horizon = s.b.(PendingHorizon)
 	return f
 }
 
@@ -290,6 +291,19 @@ func (s *Store) HighWaterMark(ctx context.Context, e sqladapters.Executor) (int6
 		return 0, fmt.Errorf("%w: %s has no high-water mark", errors.ErrUnsupported, s.b.Name())
 	}
 	return s.queryInt(ctx, e, hw.HighWaterMark())
+}
+
+// PendingHorizon implements sqladapters.Dialect.
+func (s *Store) PendingHorizon(ctx context.Context, e sqladapters.Executor) (sqladapters.Horizon, error) {
+	var h sqladapters.Horizon
+	ph, ok := s.b.(PendingHorizon)
+	if !ok {
+		return h, fmt.Errorf("%w: %s reports no horizon", errors.ErrUnsupported, s.b.Name())
+	}
+	var xmin, xid int64
+	err := s.query(ctx, e, ph.PendingHorizon(), func(r sqladapters.Rows) error { return r.Scan(&h.Mark, &xmin, &xid, &h.RetryMin) })
+	h.XMin, h.XID = uint64(xmin), uint64(xid)
+	return h, err
 }
 
 // NotifyProbe implements sqladapters.Dialect.

@@ -62,6 +62,7 @@ func Run(t *testing.T, s Setup) {
 		{"OutboxStats", testOutboxStats},
 		{"DeadLetters", testDeadLetters},
 		{"HighWaterMark", testHighWaterMark},
+		{"PendingHorizon", testPendingHorizon},
 		{"NotifyProbe", testNotifyProbe},
 		{"Partitions", testPartitions},
 		{"Members", testMembers},
@@ -515,6 +516,10 @@ func testReadPending(e *env) {
 		"owned nil":        {sqladapters.PendingQuery{Partitions: 4, Limit: 100}, id},
 		"one partition":    {sqladapters.PendingQuery{Partitions: 1, Owned: []int{0}, Limit: 100}, id},
 		"excluded unknown": {sqladapters.PendingQuery{Exclude: []int64{-1, id[7] + 1000}, Limit: 100}, id},
+		"after":            {sqladapters.PendingQuery{After: id[2], Limit: 100}, pick(3, 4, 5, 6, 7)},
+		"after the last":   {sqladapters.PendingQuery{After: id[7], Limit: 100}, nil},
+		"after, owned":     {sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, After: id[1], Limit: 2}, pick(3, 5)},
+		"after, excluded":  {sqladapters.PendingQuery{Exclude: pick(4), After: id[2], Limit: 2}, pick(3, 5)},
 	} {
 		got := e.pendingIDs(c.q)
 		if !slices.Equal(got, c.want) && !(len(got) == 0 && len(c.want) == 0) {
@@ -522,6 +527,76 @@ func testReadPending(e *env) {
 		}
 	}
 	e.noneInUse("ReadPending")
+}
+
+// testPendingHorizon checks what a forwarder's floor relies on: the mark
+// covers the rows inserted, every look takes a newer transaction id, a
+// transaction that inserted a row and is still open keeps XMin below the
+// id of every look taken after its row's id was drawn (and lets it pass
+// once it ended), and RetryMin is the lowest row waiting for a retry.
+func testPendingHorizon(e *env) {
+	d := e.migrated()
+	if !d.Features().Horizon {
+		if _, err := d.PendingHorizon(e.ctx, e.db); !errors.Is(err, errors.ErrUnsupported) {
+			e.t.Fatalf("PendingHorizon without Features().Horizon: %v, want errors.ErrUnsupported", err)
+		}
+		return
+	}
+	look := func() sqladapters.Horizon {
+		e.t.Helper()
+		h, err := d.PendingHorizon(e.ctx, e.db)
+		e.check(err, "PendingHorizon")
+		if h.XMin > h.XID {
+			e.t.Fatalf("look %+v: XMin above the look's own XID", h)
+		}
+		return h
+	}
+	h0 := look()
+	if h0.Mark != 0 || h0.RetryMin != 0 {
+		e.t.Fatalf("empty outbox: %+v, want mark and retry 0", h0)
+	}
+	id := e.insert(msgs("h", 3)...)
+	h1 := look()
+	if h1.Mark < id[2] || h1.XID <= h0.XID {
+		e.t.Fatalf("after inserting ids %v: %+v (before: %+v)", id, h1, h0)
+	}
+
+	tx, err := e.db.Begin(e.ctx, sql.TxOptions{})
+	e.check(err, "begin")
+	defer sqladapters.Rollback(tx)
+	e.check(d.InsertOutbox(e.ctx, tx, []sqladapters.OutboxMessage{msg("open", "k", 0)}), "InsertOutbox")
+	h2 := look() // its XID is newer than the open transaction's
+	if h2.Mark <= h1.Mark {
+		e.t.Fatalf("the open transaction drew an id, yet the mark stayed at %d", h2.Mark)
+	}
+	for range 3 {
+		if h := look(); h.XMin >= h2.XID {
+			e.t.Fatalf("a transaction that inserted a row is open, yet XMin %d reached the XID %d of a look after its row", h.XMin, h2.XID)
+		}
+	}
+	e.check(tx.Commit(e.ctx), "commit")
+	// Other work on the server may hold XMin back a moment longer.
+	deadline := time.Now().Add(30 * time.Second)
+	for h := look(); h.XMin < h2.XID; h = look() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("30 s after the commit XMin %d is still below %d", h.XMin, h2.XID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	e.fail(sqladapters.Failure{ID: id[1], Attempts: 1, Error: "x", Backoff: time.Hour})
+	if got := look().RetryMin; got != id[1] {
+		e.t.Fatalf("one row waits for a retry: RetryMin %d, want %d", got, id[1])
+	}
+	e.fail(sqladapters.Failure{ID: id[0], Attempts: 1, Error: "x", Backoff: time.Hour})
+	if got := look().RetryMin; got != id[0] {
+		e.t.Fatalf("two rows wait for a retry: RetryMin %d, want %d", got, id[0])
+	}
+	e.fail(sqladapters.Failure{ID: id[0], Attempts: 2, Error: "x", Dead: true})
+	if got := look().RetryMin; got != id[1] {
+		e.t.Fatalf("the lower one is dead: RetryMin %d, want %d", got, id[1])
+	}
+	e.noneInUse("PendingHorizon")
 }
 
 // testReadPendingBackoff checks that a key's row waiting for a retry holds

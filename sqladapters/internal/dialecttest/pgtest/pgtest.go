@@ -45,8 +45,23 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	if err != nil {
 		dialecttest.Unavailable(t, "PostgreSQL", URLVariable, err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() { closePool(t, pool) })
 	return pool
+}
+
+// closePool closes pool once its connections are back. A connection still
+// out a few seconds after the test (a transaction the test left open)
+// fails the test instead: Close would wait for it forever.
+func closePool(t testing.TB, pool *pgxpool.Pool) {
+	deadline := time.Now().Add(5 * time.Second)
+	for pool.Stat().AcquiredConns() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := pool.Stat().AcquiredConns(); n > 0 {
+		t.Errorf("pgtest: %d connection(s) still in use after the test: a transaction was left open", n)
+		return
+	}
+	pool.Close()
 }
 
 // Dialect returns a dialect migrated through db into a fresh schema, which
@@ -64,7 +79,9 @@ func Fresh(t testing.TB, pool *pgxpool.Pool, opts postgres.Options) *postgres.Di
 	t.Helper()
 	opts.Schema = dialecttest.UniqueName("t_")
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// A transaction the test left open holds locks the drop would
+		// wait for; the pool's cleanup reports the leak.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+opts.Schema+`" CASCADE`); err != nil && !strings.Contains(err.Error(), "closed pool") {
 			t.Logf("drop schema %s: %v", opts.Schema, err)
