@@ -69,7 +69,11 @@ type Config struct {
 	PublishBatch int
 	// PollInterval is how often an idle forwarder reads the outbox when
 	// nothing told it of new rows; it also finds rows whose retry came
-	// due. Defaults to DefaultPollInterval.
+	// due. Where the dialect reports a horizon (Postgres), reads start
+	// after the rows already forwarded and one read per PollInterval
+	// starts at the first row, so a row that becomes pending below them
+	// again (a dead letter requeued by an operator) waits at most this
+	// long. Defaults to DefaultPollInterval.
 	PollInterval time.Duration
 	// WatchInterval is how often an idle forwarder looks at the outbox's
 	// high-water mark (the position of its id sequence: one cheap

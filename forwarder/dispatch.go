@@ -62,6 +62,7 @@ type dispatcher struct {
 	afterRead []func() // releases waiting for the read in flight to end
 	prevFull  bool
 	errDelay  time.Duration
+	floor     floorState
 
 	breaker breaker
 
@@ -122,6 +123,7 @@ func newDispatcher(f *Forwarder, ctx context.Context) *dispatcher {
 		probe:    time.NewTimer(time.Hour),
 	}
 	d.probe.Stop()
+	d.floor.on = f.cfg.Dialect.Features().Horizon
 	d.del = newDeleter(f, d.acked)
 	d.marks = make(chan watchMark, 1)
 	d.watch = time.NewTimer(time.Hour)
@@ -413,6 +415,9 @@ func (d *dispatcher) settle(l *lane) {
 func (d *dispatcher) drop(l *lane) {
 	l.dropped = true
 	d.buffered -= len(l.queue)
+	for _, r := range l.queue {
+		d.floor.handedBack(r.ID)
+	}
 	rows := l.queue
 	l.queue = nil
 	d.later(func() {
@@ -491,8 +496,9 @@ func (d *dispatcher) maybeRead() {
 		exclude = append(exclude, id)
 	}
 	backlog := d.prevFull
+	head, after := d.floor.next(owned, time.Now(), cfg.PollInterval)
 	go func() {
-		d.reads <- d.f.read(d.ctx, owned, exclude, limit, backlog)
+		d.reads <- d.f.read(d.ctx, owned, exclude, limit, backlog, head, after)
 	}()
 }
 
@@ -514,6 +520,9 @@ func (d *dispatcher) onRead(res readResult) {
 	} else {
 		d.errDelay = 0
 		d.prevFull = res.full
+		if res.head && res.looked {
+			d.floor.headRead(res.horizon, res.rows)
+		}
 		if res.full {
 			d.dirty = true
 		}

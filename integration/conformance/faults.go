@@ -148,6 +148,118 @@ func Faults(t *testing.T, env Env) {
 		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
 	})
 
+	// The next two check per-key order where the forwarder reads past its
+	// floor (on databases that report a horizon): between head reads, one
+	// per PollInterval, reads start after the floor, so a floor above a
+	// row that can still become due would hold that row back until the
+	// next head read and let its key's later rows overtake it. Each keeps
+	// a row out of sight across several head reads.
+	headEvery := func(d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
+		cfg := base(d, dest)
+		cfg.PollInterval = time.Second
+		return cfg
+	}
+
+	t.Run("LongTransactionKeepsItsKeyOrder", func(t *testing.T) {
+		d := env.NewDialect(t)
+		if !d.Features().ConcurrentWriters {
+			t.Skip("the database runs one writer at a time: a transaction left open would block the others")
+		}
+		rec := NewRecorder()
+		var reads atomic.Int32
+		cfg := headEvery(d, rec)
+		cfg.Hooks.OnRead = func(int) { reads.Add(1) }
+		StartForwarder(t, cfg)
+		for k := range 10 {
+			writeKey(t, ctx, src, d, fmt.Sprint("before-", k), 0, 10)
+		}
+		rec.WaitFor(t, 100, 60*time.Second)
+		// A transaction draws its row's id and stays open while many
+		// rows after it are written and forwarded and the forwarder
+		// reads on...
+		tx := src.MustBegin(t, ctx)
+		defer sqladapters.Rollback(tx)
+		pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := message.NewMessage(watermill.NewUUID(), []byte("late-0"))
+		first.Metadata.Set(forwarder.DefaultKeyMetadataField, "late")
+		first.Metadata.Set("seq", "0")
+		if err := pub.Publish("t", first); err != nil {
+			t.Fatal(err)
+		}
+		WriteKeyed(t, ctx, src, d, "t", 20, 50, 5, 2)
+		rec.WaitFor(t, 1100, 60*time.Second)
+		for i := 0; reads.Load() < 20 || i < 125; i++ { // 2.5 s at least
+			writeKey(t, ctx, src, d, "other", i, 1)
+			time.Sleep(20 * time.Millisecond)
+		}
+		// ...then commits, and the key's next message is written after
+		// it: it must not go out first.
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		writeKey(t, ctx, src, d, "late", 1, 1)
+		deadline := time.Now().Add(30 * time.Second)
+		for !rec.has("late", 0) || !rec.has("late", 1) {
+			if time.Now().After(deadline) {
+				t.Fatal("the messages of key late did not arrive")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	})
+
+	t.Run("RetriedRowKeepsItsKeyOrder", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		var failures atomic.Int32
+		rec.SetReject(func(_ string, m *message.Message) error {
+			if keyOf(m) == "flaky" && m.Metadata.Get("seq") == "0" && failures.Add(1) <= 2 {
+				return errors.New("rejected twice")
+			}
+			return nil
+		})
+		cfg := headEvery(d, rec)
+		cfg.MinBackoff, cfg.MaxBackoff, cfg.BackoffJitter = 2500*time.Millisecond, 2500*time.Millisecond, -1 // across two head reads
+		StartForwarder(t, cfg)
+		for k := range 10 {
+			writeKey(t, ctx, src, d, fmt.Sprint("before-", k), 0, 10)
+		}
+		rec.WaitFor(t, 100, 60*time.Second)
+		// The key's rows keep coming, one every 20 ms, so that reads run
+		// all along and rows of the key lie above any floor, also between
+		// the end of the backoff and the next head read.
+		stop := make(chan struct{})
+		var written atomic.Int32
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				writeKey(t, ctx, src, d, "flaky", i, 1)
+				written.Add(1)
+			}
+		})
+		WriteKeyed(t, ctx, src, d, "u", 10, 10, 5, 2)
+		deadline := time.Now().Add(60 * time.Second)
+		for !rec.has("flaky", 0) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(200 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		rec.WaitFor(t, 200+int(written.Load()), 60*time.Second)
+		if failures.Load() < 3 {
+			t.Fatalf("the first message of key flaky was tried %d times, want 3", failures.Load())
+		}
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	})
+
 	t.Run("RunFailureReleasesWaiters", func(t *testing.T) {
 		cases := map[string]func() (forwarder.Config, error){
 			"partitions mismatch": func() (forwarder.Config, error) {

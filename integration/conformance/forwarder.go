@@ -77,6 +77,19 @@ func (r *Recorder) Messages() []Delivered {
 	return append([]Delivered(nil), r.msgs...)
 }
 
+// has tells whether a message of key (under the default key field) with
+// metadata seq arrived.
+func (r *Recorder) has(key string, seq int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.msgs {
+		if m.Metadata.Get(forwarder.DefaultKeyMetadataField) == key && m.Metadata.Get("seq") == strconv.Itoa(seq) {
+			return true
+		}
+	}
+	return false
+}
+
 // Distinct returns how many different UUIDs arrived.
 func (r *Recorder) Distinct() int {
 	r.mu.Lock()
