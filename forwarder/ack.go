@@ -21,10 +21,18 @@ type deleter struct {
 	more chan struct{} // signalled when ids grew
 	quit chan struct{} // closed by close: flush and stop
 	done chan struct{}
-	out  chan<- []int64
+	out  chan<- ackedBatch
 }
 
-func newDeleter(f *Forwarder, out chan<- []int64) *deleter {
+// ackedBatch is a batch of ids the deleter is done with. kept, when not
+// zero, is the lowest of them it could not remove: those rows are pending
+// again.
+type ackedBatch struct {
+	ids  []int64
+	kept int64
+}
+
+func newDeleter(f *Forwarder, out chan<- ackedBatch) *deleter {
 	d := &deleter{f: f, more: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}), out: out}
 	go d.loop()
 	return d
@@ -55,9 +63,9 @@ func (d *deleter) loop() {
 		d.ids = nil
 		d.mu.Unlock()
 		if len(ids) > 0 {
-			d.complete(ids)
+			kept := d.complete(ids)
 			select {
-			case d.out <- ids:
+			case d.out <- ackedBatch{ids: ids, kept: kept}:
 			case <-d.quit: // the dispatcher is gone
 			}
 			continue
@@ -77,8 +85,8 @@ func (d *deleter) loop() {
 
 // complete retries until the rows are gone or CloseTimeout passed; rows it
 // cannot delete stay in the outbox and are published again later (at least
-// once).
-func (d *deleter) complete(ids []int64) {
+// once). It returns the lowest id of those, or zero.
+func (d *deleter) complete(ids []int64) (kept int64) {
 	f := d.f
 	deadline := time.Now().Add(max(f.cfg.CloseTimeout, time.Second))
 	delay := 50 * time.Millisecond
@@ -95,6 +103,11 @@ func (d *deleter) complete(ids []int64) {
 		if time.Now().After(deadline) {
 			f.cfg.Logger.Error("millbox forwarder: cannot remove published rows; they will be published again", err,
 				watermill.LogFields{"rows": end - start})
+			for _, id := range ids[start:end] {
+				if kept == 0 || id < kept {
+					kept = id
+				}
+			}
 			start = end
 			continue
 		}
@@ -102,4 +115,5 @@ func (d *deleter) complete(ids []int64) {
 		time.Sleep(delay)
 		delay = min(2*delay, 2*time.Second)
 	}
+	return kept
 }

@@ -2,6 +2,7 @@ package forwarder
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -74,7 +75,7 @@ type dispatcher struct {
 	calls    chan callEvent
 	reads    chan readResult
 	records  chan recordEvent
-	acked    chan []int64
+	acked    chan ackedBatch
 	holds    chan *lane
 	releases chan *releaseReq
 
@@ -113,7 +114,7 @@ func newDispatcher(f *Forwarder, ctx context.Context) *dispatcher {
 		calls:    make(chan callEvent, 64),
 		reads:    make(chan readResult, 1),
 		records:  make(chan recordEvent, 64),
-		acked:    make(chan []int64, 16),
+		acked:    make(chan ackedBatch, 16),
 		holds:    make(chan *lane, 16),
 		releases: make(chan *releaseReq),
 		dirty:    true,
@@ -156,8 +157,8 @@ func (d *dispatcher) loop() {
 			d.onRead(res)
 		case ev := <-d.records:
 			d.onRecord(ev)
-		case ids := <-d.acked:
-			d.onAcked(ids)
+		case b := <-d.acked:
+			d.onAcked(b)
 		case l := <-d.holds:
 			l.holding = false
 			d.settle(l)
@@ -456,10 +457,13 @@ func (d *dispatcher) dropIdle() {
 	d.readyq = nil
 }
 
-func (d *dispatcher) onAcked(ids []int64) {
-	d.deleting -= len(ids)
+func (d *dispatcher) onAcked(b ackedBatch) {
+	d.deleting -= len(b.ids)
+	if b.kept > 0 {
+		d.floor.handedBack(b.kept)
+	}
 	d.later(func() {
-		for _, id := range ids {
+		for _, id := range b.ids {
 			delete(d.inflight, id)
 		}
 	})
@@ -520,8 +524,8 @@ func (d *dispatcher) onRead(res readResult) {
 	} else {
 		d.errDelay = 0
 		d.prevFull = res.full
-		if res.head && res.looked {
-			d.floor.headRead(res.horizon, res.rows)
+		if res.head {
+			d.onLook(res)
 		}
 		if res.full {
 			d.dirty = true
@@ -534,6 +538,30 @@ func (d *dispatcher) onRead(res readResult) {
 	d.afterRead = nil
 	for _, fn := range fns {
 		fn()
+	}
+}
+
+// onLook sets the floor from a head read, or says why it cannot: once
+// and then every ten minutes, as an Info message (reads from the first row
+// work, only slower on a large table). A dialect that cannot tell at all
+// turns the floor off.
+func (d *dispatcher) onLook(res readResult) {
+	if res.looked {
+		d.floor.headRead(res.before, res.rows, res.after)
+		return
+	}
+	if res.lookErr == nil || d.ctx.Err() != nil {
+		return
+	}
+	if errors.Is(res.lookErr, errors.ErrUnsupported) {
+		d.floor.on = false
+		d.floor.floor = 0
+		d.f.cfg.Logger.Info("millbox forwarder: reads start at the first row", watermill.LogFields{"reason": res.lookErr.Error()})
+		return
+	}
+	if time.Since(d.floor.lookErr) > 10*time.Minute {
+		d.floor.lookErr = time.Now()
+		d.f.cfg.Logger.Info("millbox forwarder: cannot look at the outbox's horizon; reads start at the first row meanwhile", watermill.LogFields{"error": res.lookErr.Error()})
 	}
 }
 

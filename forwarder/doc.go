@@ -16,11 +16,13 @@
 // read from the first row walks them all: tens of milliseconds per read
 // after a few million rows drained between two vacuums. On Postgres
 // (sqladapters.Features.Horizon) the forwarder reads past them: once per
-// PollInterval a head read starts at the first row, after a look at the
-// id sequence and the oldest running transaction
+// PollInterval a head read starts at the first row, between two looks at
+// the id sequence and the oldest running transaction
 // (sqladapters.Dialect.PendingHorizon), and sets a floor below which no
 // row is pending or can still become visible; the reads in between start
-// after it. Rows handed back to the outbox (a failed attempt, a lane given
+// after it. Where a look fails (a sequence with CACHE above 1, a role that
+// may not read the sequence), the forwarder logs why and reads from the
+// first row. Rows handed back to the outbox (a failed attempt, a lane given
 // up) and rows waiting for a retry lower the floor, so a key's order
 // holds. The floor relies on each row's transaction having its
 // transaction id before the row's id is drawn, which millbox's publisher

@@ -18,23 +18,29 @@ import (
 // without this forwarder knowing.
 //
 // The floor is set by a head read, one that starts at the first row and
-// is preceded by a look at the horizon; one runs at least every
-// PollInterval, so a row below the floor that becomes pending after all
-// (a dead letter requeued by an operator) waits no longer than a poll.
+// is preceded by a look at the horizon and followed by another; one runs
+// every PollInterval, so a row below the floor that becomes pending after
+// all (a dead letter requeued by an operator) waits no longer than a poll.
 // The floor is the lowest of:
 //
-//   - the final mark: ids up to it belong to transactions that have all
-//     ended (see horizonChain), so no row up to it can still appear;
+//   - the final mark as of the first look: ids up to it belong to
+//     transactions that had all ended before the read's snapshot (see
+//     horizonChain), so none of their rows can still appear;
 //   - one below the head read's first row: the read returns the lowest
 //     pending ids first, so none is left below it but rows in flight here;
-//   - one below the lowest row waiting for a retry: such a row, and the
-//     later rows of its key it holds back, become due without a new insert;
+//   - one below the lowest row waiting for a retry, in either look: such a
+//     row, and the later rows of its key it holds back, become due without
+//     a new insert (the second look catches a failure recorded during the
+//     read, by an instance whose lease on the partition just ran out);
 //   - one below every row this forwarder handed back to the outbox since
-//     the head read started (a failed attempt, a lane given up): they are
-//     pending again.
+//     the head read started (a failed attempt, a lane given up, a delete
+//     given up): they are pending again.
 //
 // Rows handed back later lower the floor at once; a change of the owned
-// partitions sets it to zero until the next head read.
+// partitions sets it to zero and makes the next read a head read. Until a
+// head read sets it, the floor is zero: reads start at the first row, as
+// they do where the dialect reports no horizon; head reads then run every
+// firstLooks instead of every PollInterval.
 
 // horizonChain turns successive Horizons into the final mark: the highest
 // id up to which every row's transaction has ended.
@@ -46,6 +52,7 @@ import (
 type horizonChain struct {
 	looked  bool
 	prev    int64   // the previous look's Mark
+	prevXID uint64  // the previous look's XID
 	pending []claim // marks waiting for their transactions to end
 	final   int64
 }
@@ -62,12 +69,18 @@ type claim struct {
 // final mark.
 const maxClaims = 64
 
-// add records one look and returns the final mark.
+// add records one look and returns the final mark. A sequence that went
+// back (restarted, the table recreated) or transaction ids that did (a
+// different server after a failover) void everything known: the chain
+// starts again from this look.
 func (c *horizonChain) add(h sqladapters.Horizon) int64 {
+	if c.looked && (h.Mark < c.prev || h.XID <= c.prevXID) {
+		*c = horizonChain{}
+	}
 	if c.looked && len(c.pending) < maxClaims {
 		c.pending = append(c.pending, claim{mark: c.prev, xid: h.XID})
 	}
-	c.looked, c.prev = true, h.Mark
+	c.looked, c.prev, c.prevXID = true, h.Mark, h.XID
 	c.pending = slices.DeleteFunc(c.pending, func(cl claim) bool {
 		if h.XMin >= cl.xid {
 			c.final = max(c.final, cl.mark)
@@ -78,6 +91,13 @@ func (c *horizonChain) add(h sqladapters.Horizon) int64 {
 	return c.final
 }
 
+// firstLooks is how often head reads run while no mark is final yet (at
+// start, after the sequence went back, while a transaction running since
+// the start holds XMin back): the floor needs two looks, and waiting a
+// PollInterval for the second would leave the first second of every run
+// to reads from the first row.
+const firstLooks = 100 * time.Millisecond
+
 // floorState is the dispatcher's part of the above.
 type floorState struct {
 	on       bool // the dialect reports a horizon
@@ -86,6 +106,7 @@ type floorState struct {
 	lastHead time.Time
 	owned    []int // the partitions of the last head read (nil: all)
 	returned int64 // lowest id handed back since the head read in flight started, less one
+	lookErr  time.Time
 }
 
 // next tells whether the read about to start is a head read and where it
@@ -95,25 +116,35 @@ func (s *floorState) next(owned []int, now time.Time, poll time.Duration) (head 
 		return false, 0
 	}
 	if !slices.Equal(owned, s.owned) {
-		s.floor = 0
+		s.floor, s.lastHead = 0, time.Time{}
 	}
-	if now.Sub(s.lastHead) < poll && s.floor > 0 {
+	every := poll
+	if s.chain.final == 0 {
+		every = min(poll, firstLooks) // nothing final yet: look again soon
+	}
+	if now.Sub(s.lastHead) < every {
 		return false, s.floor
 	}
 	s.lastHead, s.owned, s.returned = now, slices.Clone(owned), math.MaxInt64
 	return true, 0
 }
 
-// headRead sets the floor from a head read's look and rows (in id order).
-func (s *floorState) headRead(h sqladapters.Horizon, rows []sqladapters.OutboxRow) {
-	f := s.chain.add(h)
+// headRead sets the floor from a head read's looks before and after it and
+// its rows (in id order).
+func (s *floorState) headRead(before sqladapters.Horizon, rows []sqladapters.OutboxRow, after sqladapters.Horizon) {
+	f := s.chain.add(before)
 	if len(rows) > 0 {
 		f = min(f, rows[0].ID-1)
 	}
-	if h.RetryMin > 0 {
-		f = min(f, h.RetryMin-1)
+	for _, r := range []int64{before.RetryMin, after.RetryMin} {
+		if r > 0 {
+			f = min(f, r-1)
+		}
 	}
 	s.floor = max(min(f, s.returned), 0)
+	// A look like any other for the claims to come; the floor above
+	// stays with what the read could see.
+	s.chain.add(after)
 }
 
 // handedBack lowers the floor below id, a row that is pending again.

@@ -47,6 +47,26 @@ func TestHorizonChainBoundsClaims(t *testing.T) {
 	}
 }
 
+func TestHorizonChainStartsAgainWhenTheSequenceGoesBack(t *testing.T) {
+	var c horizonChain
+	c.add(sqladapters.Horizon{Mark: 100, XMin: 10, XID: 10})
+	if got := c.add(sqladapters.Horizon{Mark: 200, XMin: 20, XID: 20}); got != 100 {
+		t.Fatalf("final %d, want 100", got)
+	}
+	// The sequence restarted (or the table was made again): nothing up
+	// to 100 is known any more.
+	if got := c.add(sqladapters.Horizon{Mark: 5, XMin: 30, XID: 30}); got != 0 {
+		t.Fatalf("after the sequence went back: final %d, want 0", got)
+	}
+	if got := c.add(sqladapters.Horizon{Mark: 8, XMin: 40, XID: 40}); got != 5 {
+		t.Fatalf("final %d, want 5", got)
+	}
+	// Transaction ids went back (another server): the same.
+	if got := c.add(sqladapters.Horizon{Mark: 9, XMin: 3, XID: 4}); got != 0 {
+		t.Fatalf("after transaction ids went back: final %d, want 0", got)
+	}
+}
+
 func TestFloorState(t *testing.T) {
 	poll := time.Second
 	t0 := time.Unix(1000, 0)
@@ -57,49 +77,65 @@ func TestFloorState(t *testing.T) {
 		}
 		return out
 	}
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	s := floorState{on: true}
 	if head, after := s.next(nil, t0, poll); !head || after != 0 {
 		t.Fatalf("first read: head %v after %d, want a head read", head, after)
 	}
-	s.headRead(sqladapters.Horizon{Mark: 100, XMin: 5, XID: 5}, nil)
-	if head, _ := s.next(nil, t0.Add(10*time.Millisecond), poll); !head {
-		t.Fatal("floor 0: every read is a head read")
+	s.headRead(sqladapters.Horizon{Mark: 100, XMin: 5, XID: 5}, nil, sqladapters.Horizon{Mark: 100, XMin: 5, XID: 6})
+	if s.floor != 0 {
+		t.Fatalf("after one head read: floor %d, want 0 (nothing is final yet)", s.floor)
 	}
-	// Look 2 makes mark 100 final; the first pending row is 60.
-	s.headRead(sqladapters.Horizon{Mark: 120, XMin: 9, XID: 9}, rows(60, 61))
+	// Until the next head read, reads start at the first row without a
+	// look; with nothing final yet, that head read comes soon.
+	if head, after := s.next(nil, at(10*time.Millisecond), poll); head || after != 0 {
+		t.Fatalf("10 ms later, floor 0: head %v after %d, want a plain read", head, after)
+	}
+	// The next head read's first look makes mark 100 final; the first
+	// pending row is 60.
+	if head, _ := s.next(nil, at(firstLooks), poll); !head {
+		t.Fatal("nothing final yet and firstLooks passed: want a head read")
+	}
+	s.headRead(sqladapters.Horizon{Mark: 120, XMin: 9, XID: 9}, rows(60, 61), sqladapters.Horizon{Mark: 120, XMin: 9, XID: 10})
 	if s.floor != 59 {
 		t.Fatalf("floor %d, want 59 (below the first pending row)", s.floor)
 	}
-	if head, after := s.next(nil, t0.Add(20*time.Millisecond), poll); head || after != 59 {
+	if head, after := s.next(nil, at(time.Second+20*time.Millisecond), poll); head || after != 59 {
 		t.Fatalf("within the poll interval: head %v after %d, want a read after 59", head, after)
 	}
 	// A row of a lane given up is pending again: the floor goes below it.
 	s.handedBack(40)
-	if _, after := s.next(nil, t0.Add(30*time.Millisecond), poll); after != 39 {
+	if _, after := s.next(nil, at(time.Second+30*time.Millisecond), poll); after != 39 {
 		t.Fatalf("after a row handed back: read after %d, want 39", after)
 	}
 	// A head read: rows handed back while it runs bound the floor it sets.
-	if head, _ := s.next(nil, t0.Add(2*time.Second), poll); !head {
+	if head, _ := s.next(nil, at(2*time.Second), poll); !head {
 		t.Fatal("a poll interval passed: want a head read")
 	}
 	s.handedBack(70)
-	s.headRead(sqladapters.Horizon{Mark: 130, XMin: 20, XID: 20}, rows(90))
+	s.headRead(sqladapters.Horizon{Mark: 130, XMin: 20, XID: 20}, rows(90), sqladapters.Horizon{Mark: 130, XMin: 20, XID: 21})
 	if s.floor != 69 {
 		t.Fatalf("floor %d, want 69 (a row handed back during the head read)", s.floor)
 	}
-	// A row waiting for a retry bounds it too, and so does the final mark.
-	s.next(nil, t0.Add(4*time.Second), poll)
-	s.headRead(sqladapters.Horizon{Mark: 140, XMin: 30, XID: 30, RetryMin: 80}, rows(200))
+	// A row waiting for a retry bounds it, seen before the read or after.
+	s.next(nil, at(4*time.Second), poll)
+	s.headRead(sqladapters.Horizon{Mark: 140, XMin: 30, XID: 30, RetryMin: 80}, rows(200), sqladapters.Horizon{Mark: 140, XMin: 30, XID: 31})
 	if s.floor != 79 {
-		t.Fatalf("floor %d, want 79 (below the retry)", s.floor)
+		t.Fatalf("floor %d, want 79 (below the retry seen before the read)", s.floor)
 	}
-	s.next(nil, t0.Add(6*time.Second), poll)
-	s.headRead(sqladapters.Horizon{Mark: 150, XMin: 31, XID: 40}, nil)
-	if s.floor != 130 {
-		t.Fatalf("floor %d, want 130 (the final mark)", s.floor)
+	s.next(nil, at(6*time.Second), poll)
+	s.headRead(sqladapters.Horizon{Mark: 150, XMin: 40, XID: 40}, nil, sqladapters.Horizon{Mark: 150, XMin: 40, XID: 41, RetryMin: 75})
+	if s.floor != 74 {
+		t.Fatalf("floor %d, want 74 (below the retry seen after the read)", s.floor)
+	}
+	// The final mark bounds it: as of the look before the read, not after.
+	s.next(nil, at(8*time.Second), poll)
+	s.headRead(sqladapters.Horizon{Mark: 160, XMin: 41, XID: 50}, nil, sqladapters.Horizon{Mark: 170, XMin: 60, XID: 60})
+	if s.floor != 150 {
+		t.Fatalf("floor %d, want 150 (final as of the first look)", s.floor)
 	}
 	// Other partitions: the floor is not theirs.
-	if head, after := s.next([]int{1, 2}, t0.Add(6*time.Second+time.Millisecond), poll); !head || after != 0 {
+	if head, after := s.next([]int{1, 2}, at(8*time.Second+time.Millisecond), poll); !head || after != 0 {
 		t.Fatalf("owned partitions changed: head %v after %d, want a head read", head, after)
 	}
 }

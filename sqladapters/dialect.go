@@ -77,7 +77,8 @@ type Dialect interface {
 	HighWaterMark(ctx context.Context, e Executor) (int64, error)
 	// PendingHorizon returns what a forwarder needs to know which ids no
 	// pending row can take any more (see Horizon). It fails with
-	// errors.ErrUnsupported where Features().Horizon is false.
+	// errors.ErrUnsupported where Features().Horizon is false, and where
+	// ids are not drawn in order (a sequence with CACHE above 1).
 	PendingHorizon(ctx context.Context, e Executor) (Horizon, error)
 	// NotifyProbe notifies the outbox's channel, so that a listener can
 	// check that notifications arrive. It fails with

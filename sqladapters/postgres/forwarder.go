@@ -214,14 +214,16 @@ func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapter
 // PendingHorizon returns the sequence position, the statement snapshot's
 // xmin, the transaction id the statement takes (pg_current_xact_id gives
 // its autocommit transaction one; it commits without waiting for a disk
-// flush, as it writes nothing else), and the lowest id waiting for a
-// retry, through retry_idx, which holds only such rows.
+// flush, as it writes nothing else), the lowest id waiting for a retry,
+// through retry_idx, which holds only such rows, and how many ids the
+// sequence hands each session at once (its CACHE).
 func (d *sqlDialect) PendingHorizon() sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')), 0),
 	pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
 	pg_current_xact_id()::text::bigint,
-	coalesce((SELECT min(id) FROM ` + d.outbox + ` WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL), 0)`,
+	coalesce((SELECT min(id) FROM ` + d.outbox + ` WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL), 0),
+	(SELECT seqcache FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence($1, 'id')::regclass)`,
 		Args: []any{d.outbox},
 	}
 }

@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,3 +116,24 @@ type (
 	pgxConn     struct{ *pgxpool.Pool }
 	stdBeginner struct{ *sql.DB }
 )
+
+// TestPendingHorizonRefusesCachedSequence checks that a horizon is refused
+// where sessions draw ids from blocks of their own (a sequence with CACHE
+// above 1): an id below the sequence's position could still be drawn, and
+// a forwarder must then read from the first row.
+func TestPendingHorizonRefusesCachedSequence(t *testing.T) {
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	d := pgtest.Dialect(t, db, pool, postgres.Options{})
+	ctx := dialecttest.Ctx(t, time.Minute)
+	if _, err := d.PendingHorizon(ctx, db); err != nil {
+		t.Fatalf("PendingHorizon: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+d.OutboxTable()+` ALTER COLUMN id SET CACHE 10`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.PendingHorizon(ctx, db)
+	if !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "CACHE 10") {
+		t.Fatalf("PendingHorizon with CACHE 10: %v, want errors.ErrUnsupported naming the cache", err)
+	}
+}

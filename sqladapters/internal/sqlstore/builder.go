@@ -103,8 +103,9 @@ type HighWaterMark interface {
 }
 
 // PendingHorizon is implemented by a Builder that can report a Horizon:
-// one row of Mark, XMin, XID and RetryMin. Its outbox insert must take
-// the transaction's id before the row's id.
+// one row of Mark, XMin, XID, RetryMin and the number of ids the id
+// sequence hands a session at once. Its outbox insert must take the
+// transaction's id before the row's id.
 type PendingHorizon interface {
 	PendingHorizon() sqladapters.Query
 }

@@ -300,10 +300,20 @@ func (s *Store) PendingHorizon(ctx context.Context, e sqladapters.Executor) (sql
 	if !ok {
 		return h, fmt.Errorf("%w: %s reports no horizon", errors.ErrUnsupported, s.b.Name())
 	}
-	var xmin, xid int64
-	err := s.query(ctx, e, ph.PendingHorizon(), func(r sqladapters.Rows) error { return r.Scan(&h.Mark, &xmin, &xid, &h.RetryMin) })
+	var xmin, xid, cache int64
+	err := s.query(ctx, e, ph.PendingHorizon(), func(r sqladapters.Rows) error {
+		return r.Scan(&h.Mark, &xmin, &xid, &h.RetryMin, &cache)
+	})
+	if err != nil {
+		return sqladapters.Horizon{}, err
+	}
+	if cache > 1 {
+		// Sessions draw ids from blocks of their own, so an id below the
+		// sequence's position can still be drawn later.
+		return sqladapters.Horizon{}, fmt.Errorf("%w: the outbox's id sequence hands out %d ids per session at once (CACHE %d), so ids are not drawn in order", errors.ErrUnsupported, cache, cache)
+	}
 	h.XMin, h.XID = uint64(xmin), uint64(xid)
-	return h, err
+	return h, nil
 }
 
 // NotifyProbe implements sqladapters.Dialect.
