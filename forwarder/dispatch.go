@@ -546,21 +546,20 @@ func (d *dispatcher) onRead(res readResult) {
 // work, only slower on a large table). A dialect that cannot tell at all
 // turns the floor off.
 func (d *dispatcher) onLook(res readResult) {
-	if res.looked {
+	if res.lookErr == nil {
 		d.floor.headRead(res.before, res.rows, res.after)
 		return
 	}
-	if res.lookErr == nil || d.ctx.Err() != nil {
+	if d.ctx.Err() != nil {
 		return
 	}
 	if errors.Is(res.lookErr, errors.ErrUnsupported) {
-		d.floor.on = false
-		d.floor.floor = 0
+		d.floor.on = false // next then starts every read at the first row
 		d.f.cfg.Logger.Info("millbox forwarder: reads start at the first row", watermill.LogFields{"reason": res.lookErr.Error()})
 		return
 	}
-	if time.Since(d.floor.lookErr) > 10*time.Minute {
-		d.floor.lookErr = time.Now()
+	if time.Since(d.floor.lookErrLogged) > 10*time.Minute {
+		d.floor.lookErrLogged = time.Now()
 		d.f.cfg.Logger.Info("millbox forwarder: cannot look at the outbox's horizon; reads start at the first row meanwhile", watermill.LogFields{"error": res.lookErr.Error()})
 	}
 }

@@ -106,7 +106,8 @@ type floorState struct {
 	lastHead time.Time
 	owned    []int // the partitions of the last head read (nil: all)
 	returned int64 // lowest id handed back since the head read in flight started, less one
-	lookErr  time.Time
+
+	lookErrLogged time.Time // when a failed look was last logged
 }
 
 // next tells whether the read about to start is a head read and where it

@@ -17,8 +17,7 @@ type readResult struct {
 
 	head          bool                // a head read (see horizon.go)
 	before, after sqladapters.Horizon // looked at around a head read
-	looked        bool                // both looks succeeded
-	lookErr       error
+	lookErr       error               // a look failed; the floor stays
 }
 
 // read returns up to limit due rows of the owned partitions (nil: all)
@@ -42,7 +41,6 @@ func (f *Forwarder) read(ctx context.Context, owned []int, exclude []int64, limi
 	res.rows, res.full = rows, len(rows) >= limit
 	if head && res.lookErr == nil {
 		res.after, res.lookErr = f.cfg.Dialect.PendingHorizon(ctx, f.cfg.DB)
-		res.looked = res.lookErr == nil
 	}
 	return res
 }

@@ -11,31 +11,9 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
 	"github.com/millbox/millbox/sqladapters/internal/dialecttest/mysqltest"
-	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 	"github.com/millbox/millbox/sqladapters/mysql"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
-
-// planReads returns the pending reads of the MySQL builder behind d whose
-// plans the tests read: the plain one and the one with ages, which the
-// forwarder runs.
-func planReads(t *testing.T, d sqladapters.Dialect) map[string]func(sqladapters.PendingQuery) sqladapters.Query {
-	t.Helper()
-	b, ok := sqlstore.BuilderOf(d)
-	if !ok {
-		t.Fatal("the dialect has no SQL builder")
-	}
-	ages, ok := b.(interface {
-		SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query
-	})
-	if !ok {
-		t.Fatalf("the MySQL builder %T reads no ages", b)
-	}
-	return map[string]func(sqladapters.PendingQuery) sqladapters.Query{
-		"SelectPending":        b.SelectPending,
-		"SelectPendingWithAge": ages.SelectPendingWithAge,
-	}
-}
 
 // TestPlanPendingReadUsesIndexes checks the plan of the forwarder's read.
 // The backoff check runs once per row read; if it scanned the table,
@@ -61,7 +39,7 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 	if _, err := raw.ExecContext(ctx, `ANALYZE TABLE `+d.OutboxTable()); err != nil {
 		t.Fatal(err)
 	}
-	for name, read := range planReads(t, d) {
+	for name, read := range dialecttest.PendingReads(d) {
 		for _, q := range []sqladapters.PendingQuery{
 			{Limit: 2000},
 			{Partitions: 16, Owned: []int{0, 1, 2}, Exclude: []int64{1, 2, 3}, Limit: 2000},

@@ -236,3 +236,35 @@ func TestPlanPendingReadAfterSkipsDeletedRows(t *testing.T) {
 		t.Fatalf("the read after the drained rows touched %d buffers, the read from the head %d: it walked them too", fromAfter, fromHead)
 	}
 }
+
+// TestPlanOutboxInsertTakesTransactionIDFirst checks what PendingHorizon
+// relies on: in the plan of the outbox insert, pg_current_xact_id() is a
+// one-time filter of the node that draws the row ids (nextval), so the
+// transaction has its id before any row id is drawn. A plain INSERT …
+// VALUES draws the ids first and takes the transaction id when it writes
+// the first row.
+func TestPlanOutboxInsertTakesTransactionIDFirst(t *testing.T) {
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	ctx := dialecttest.Ctx(t, time.Minute)
+	for _, opts := range []postgres.Options{{}, {Notify: true}, {Partitioned: &postgres.PartitionOptions{}}} {
+		d := pgtest.Dialect(t, db, pool, opts)
+		msgs := []sqladapters.OutboxMessage{
+			{Topic: "t", UUID: "a", Payload: []byte{}, Metadata: []byte("{}")},
+			{Topic: "t", UUID: "b", Payload: []byte{}, Metadata: []byte("{}"), Key: "k", KeyHash: 1},
+		}
+		plan := planText(t, ctx, db, "EXPLAIN (VERBOSE)", planBuilderOf(t, d).InsertOutbox(msgs)[0])
+		lines := strings.Split(plan, "\n")
+		found := false
+		for i, line := range lines {
+			if strings.Contains(line, "One-Time Filter: (pg_current_xact_id() IS NOT NULL)") {
+				// The filter's node is the one whose Output precedes it.
+				found = i > 0 && strings.Contains(lines[i-1], "Output: nextval(")
+				break
+			}
+		}
+		if !found {
+			t.Fatalf("options %+v: the insert does not take the transaction id before it draws row ids:\n%s", opts, plan)
+		}
+	}
+}

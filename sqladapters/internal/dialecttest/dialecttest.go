@@ -18,6 +18,21 @@ func Builder(d sqladapters.Dialect) sqlstore.Builder {
 	return b
 }
 
+// PendingReads returns the two pending reads of the builder behind d whose
+// plans tests read, by name: the plain one and the one with ages, which
+// the forwarder runs. It panics for a builder that reads no ages.
+func PendingReads(d sqladapters.Dialect) map[string]func(sqladapters.PendingQuery) sqladapters.Query {
+	b := Builder(d)
+	ages, ok := b.(sqlstore.PendingAges)
+	if !ok {
+		panic(fmt.Sprintf("dialecttest: the builder %T reads no ages", b))
+	}
+	return map[string]func(sqladapters.PendingQuery) sqladapters.Query{
+		"SelectPending":        b.SelectPending,
+		"SelectPendingWithAge": ages.SelectPendingWithAge,
+	}
+}
+
 // Statements returns one of every statement the builder behind d builds,
 // by name, plus the edge cases that change the SQL text: no owned
 // partitions, and empty id and partition lists.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
-	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 	"github.com/millbox/millbox/sqladapters/sqlite"
 	"github.com/millbox/millbox/sqladapters/sqlite/modernc"
 	"github.com/millbox/millbox/sqladapters/stdsql"
@@ -46,20 +45,7 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b, ok := sqlstore.BuilderOf(d)
-	if !ok {
-		t.Fatal("the dialect has no SQL builder")
-	}
-	ages, ok := b.(interface {
-		SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query
-	})
-	if !ok {
-		t.Fatalf("the SQLite builder %T reads no ages", b)
-	}
-	for name, read := range map[string]func(sqladapters.PendingQuery) sqladapters.Query{
-		"SelectPending":        b.SelectPending,
-		"SelectPendingWithAge": ages.SelectPendingWithAge,
-	} {
+	for name, read := range dialecttest.PendingReads(d) {
 		for _, q := range []sqladapters.PendingQuery{
 			{Limit: 2000},
 			{Partitions: 16, Owned: []int{0, 1, 2}, Exclude: []int64{1, 2, 3}, Limit: 2000},
