@@ -43,26 +43,23 @@ func (b *breaker) keyFailed(key string) bool {
 	return len(b.failedKeys) >= breakerKeys
 }
 
-func (d *dispatcher) openBreaker(cause error) {
-	b := &d.breaker
+func (e *engine) openBreaker(cause error) {
+	b := &e.breaker
 	if b.open {
 		return
 	}
 	b.open, b.since, b.delay, b.probing = true, time.Now(), probeMin, false
-	for _, l := range d.readyq {
-		l.ready = false
-	}
-	d.readyq = nil
-	d.f.reportError(cause)
-	d.f.cfg.Logger.Error("millbox forwarder: destination unavailable; pausing every key and probing until it is back", cause,
+	e.clearReady()
+	e.f.reportError(cause)
+	e.cfg.Logger.Error("millbox forwarder: destination unavailable; pausing every key and probing until it is back", cause,
 		watermill.LogFields{"probe_every_max": probeMax.String()})
-	d.probe.Reset(b.delay)
+	e.probe.Reset(b.delay)
 }
 
 // scheduleProbe plans the next probe after one failed; backoff doubles
 // the delay, up to probeMax.
-func (d *dispatcher) scheduleProbe(backoff bool) {
-	b := &d.breaker
+func (e *engine) scheduleProbe(backoff bool) {
+	b := &e.breaker
 	b.probing = false
 	if !b.open {
 		return
@@ -70,45 +67,50 @@ func (d *dispatcher) scheduleProbe(backoff bool) {
 	if backoff {
 		b.delay = min(2*b.delay, probeMax)
 	}
-	d.probe.Reset(b.delay)
+	e.probe.Reset(b.delay)
 }
 
 // sendProbe sends the first row of one waiting lane. With nothing to
 // probe (the waiting rows were given up, say for a lost lease), one read
 // is allowed to find some.
-func (d *dispatcher) sendProbe() {
-	b := &d.breaker
+func (e *engine) sendProbe() {
+	b := &e.breaker
 	if !b.open || b.probing {
 		return
 	}
-	if d.stopping || d.release != nil || !d.leaseValid {
-		d.probe.Reset(b.delay)
+	if e.halted() {
+		e.probe.Reset(b.delay)
 		return
 	}
-	for _, l := range d.lanes {
-		if len(l.queue) > 0 && !l.running && !l.recording && !l.holding && !l.failed && !l.dropped {
+	for _, l := range e.lanes {
+		if len(l.queue) > 0 && l.call == nil && !l.blocked() {
+			if e.tx != nil {
+				if !e.tx.probe(l) {
+					continue // its partition cannot send now
+				}
+			} else {
+				e.start(l, true)
+			}
 			b.probing = true
-			d.start(l, true)
 			return
 		}
 	}
-	b.probeRead, d.dirty = true, true
+	b.probeRead = true
 	b.delay = min(2*b.delay, probeMax)
-	d.probe.Reset(b.delay)
+	e.probe.Reset(b.delay)
 }
 
-func (d *dispatcher) closeBreaker() {
-	b := &d.breaker
+func (e *engine) closeBreaker() {
+	b := &e.breaker
 	if !b.open {
 		return
 	}
-	d.f.cfg.Logger.Info("millbox forwarder: destination is back; resuming",
+	e.cfg.Logger.Info("millbox forwarder: destination is back; resuming",
 		watermill.LogFields{"paused_for": time.Since(b.since).Round(time.Millisecond).String()})
 	b.open, b.probing, b.probeRead = false, false, false
 	b.success()
-	d.probe.Stop()
-	for _, l := range d.lanes {
-		d.settle(l)
+	e.probe.Stop()
+	for _, l := range e.lanes {
+		e.settle(l)
 	}
-	d.dirty = true
 }

@@ -11,14 +11,16 @@ import (
 
 	"github.com/millbox/millbox/forwarder/internal/failure"
 	"github.com/millbox/millbox/forwarder/internal/metadata"
+	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
 )
 
 // call is one Publish call: consecutive rows of one lane, in order.
 type call struct {
 	lane  *lane
-	rows  []pendingRow
+	rows  []*source.Row
 	probe bool // sent while the breaker is open, to see if the destination is back
+	left  bool // its rows were given back to the source after it timed out
 
 	mu    sync.Mutex
 	state int // callRunning, callReturned or callTimedOut
@@ -45,12 +47,15 @@ const (
 	eventDone = iota
 	eventTimeout
 	eventLate
+	eventTx // a lane's part of a transaction (txn.go)
 )
 
-// run publishes the call's rows and reports to events. It turns the rows
-// into messages first: rows after the first one whose topic differs, or
-// that cannot be turned into a message, are left for a later call.
-func (f *Forwarder) runCall(c *call, events chan<- callEvent) {
+// runCall publishes the call's rows and reports to events, unless the
+// engine stopped meanwhile (quit): it does not wait for calls past
+// PublishTimeout. It turns the rows into messages first: rows after the
+// first one whose topic differs, or that cannot be turned into a message,
+// are left for a later call.
+func (f *Forwarder) runCall(c *call, events chan<- callEvent, quit <-chan struct{}) {
 	msgs := make([]*message.Message, 0, len(c.rows))
 	var topic string
 	var prepErr error
@@ -74,7 +79,11 @@ func (f *Forwarder) runCall(c *call, events chan<- callEvent) {
 			defer c.mu.Unlock()
 			if c.state == callRunning {
 				c.state = callTimedOut
-				events <- callEvent{c: c, kind: eventTimeout, err: fmt.Errorf("%w: Publish did not return within PublishTimeout %v", errPublishTimeout, f.cfg.PublishTimeout)}
+				ev := callEvent{c: c, kind: eventTimeout, err: fmt.Errorf("%w: Publish did not return within PublishTimeout %v", errPublishTimeout, f.cfg.PublishTimeout)}
+				select {
+				case events <- ev:
+				case <-quit:
+				}
 			}
 		})
 		pctx, end := f.tel.startSend(context.Background(), topic, msgs)
@@ -103,8 +112,8 @@ func (f *Forwarder) runCall(c *call, events chan<- callEvent) {
 	if len(msgs) > 0 {
 		ackAt := time.Now()
 		for _, r := range c.rows[:ev.delivered] {
-			if r.Age > 0 {
-				f.tel.commitToAck(context.Background(), topic, ackAt.Sub(r.created))
+			if !r.Created.IsZero() {
+				f.tel.commitToAck(context.Background(), topic, ackAt.Sub(r.Created))
 			}
 		}
 		f.tel.sent(context.Background(), topic, ev.delivered)
@@ -119,7 +128,10 @@ func (f *Forwarder) runCall(c *call, events chan<- callEvent) {
 		ev.kind = eventLate
 	}
 	c.state = callReturned
-	events <- ev
+	select {
+	case events <- ev:
+	case <-quit:
+	}
 }
 
 var errPublishTimeout = errors.New("publish timed out")
@@ -131,7 +143,7 @@ func (f *Forwarder) publish(topic string, msgs []*message.Message) (err error) {
 			err = fmt.Errorf("destination publisher panicked: %v", p)
 		}
 	}()
-	return f.cfg.Publisher.Publish(topic, msgs...)
+	return f.cfg.Destination.Publish(topic, msgs...)
 }
 
 // outgoing is a row turned into the message the destination receives.

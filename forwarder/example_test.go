@@ -3,7 +3,6 @@ package forwarder_test
 import (
 	"context"
 	"log"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -105,9 +104,9 @@ func ExampleNew() {
 	destination := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 
 	fw, err := forwarder.New(forwarder.Config{
-		DB:        db,
-		Dialect:   dialect,
-		Publisher: destination,
+		DB:          db,
+		Dialect:     dialect,
+		Destination: destination,
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -126,44 +125,4 @@ func ExampleNew() {
 	if err := <-done; err != nil {
 		log.Print(err)
 	}
-}
-
-// Inspect the rows that exhausted their attempts, then send them again.
-func ExampleDeadLetters() {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	dialect, err := postgres.New(postgres.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	db := pgxv5.WrapPool(pool)
-
-	var ids []int64
-	for after := int64(0); ; {
-		page, err := forwarder.DeadLetters(ctx, db, dialect, after, 100)
-		if err != nil {
-			log.Fatal(err)
-		}
-		if len(page) == 0 {
-			break
-		}
-		for _, d := range page {
-			log.Printf("dead: %s to %s after %d attempts: %s", d.UUID, d.Topic, d.Attempts, d.LastError)
-			ids = append(ids, d.ID)
-		}
-		after = page[len(page)-1].ID
-	}
-	if len(ids) == 0 {
-		return
-	}
-	n, err := forwarder.RequeueDeadLetters(ctx, db, dialect, ids...)
-	if err != nil {
-		log.Fatal(err)
-	}
-	log.Printf("requeued %d rows", n)
 }

@@ -5,31 +5,65 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/millbox/millbox/forwarder/internal/failure"
+	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
 )
 
 // recordEvent reports the outcome of recording a failed attempt.
 type recordEvent struct {
 	lane *lane
+	row  *source.Row
 	dead bool
 	err  error // recording itself failed
+	id   int64 // the table id an emitted row was written under
 }
 
 // recordFailure stores a failed attempt of row: its attempt count, error
 // and next attempt time, or moves it to the dead letters. It runs even
 // when Run's context has ended: the attempt happened.
-func (f *Forwarder) recordFailure(row sqladapters.OutboxRow, cause error) (dead bool, err error) {
+func (f *Forwarder) recordFailure(row *source.Row, cause error) (dead bool, err error) {
+	fail := f.failureOf(row, cause)
+	f.reportFailure(row, fail, cause)
+	ctx, cancel := context.WithTimeout(context.Background(), max(f.cfg.CloseTimeout, 5*time.Second))
+	defer cancel()
+	for i := 0; ; i++ {
+		n, err := f.cfg.Dialect.RecordFailure(ctx, f.cfg.DB, fail)
+		if err != nil || n > 0 || row.XID == 0 || i == 100 {
+			return fail.Dead, err
+		}
+		// Seen in a replication stream a moment before its transaction
+		// is visible to other sessions: try again; not found after a
+		// while, the row is gone.
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// failureOf returns the failure record of a failed attempt of row.
+func (f *Forwarder) failureOf(row *source.Row, cause error) sqladapters.Failure {
 	attempts := row.Attempts + 1
-	dead = failure.IsPermanent(cause) || (f.cfg.MaxAttempts > 0 && attempts >= f.cfg.MaxAttempts)
-	fail := sqladapters.Failure{
+	return sqladapters.Failure{
 		ID:       row.ID,
 		Attempts: attempts,
 		Error:    failure.Text(cause),
 		Backoff:  failure.Backoff(attempts, f.cfg.MinBackoff, f.cfg.MaxBackoff, f.cfg.BackoffJitter),
-		Dead:     dead,
+		Dead:     failure.IsPermanent(cause) || (f.cfg.MaxAttempts > 0 && attempts >= f.cfg.MaxAttempts),
 	}
-	fields := watermill.LogFields{"id": row.ID, "uuid": row.UUID, "topic": row.Topic, "attempts": attempts}
+}
+
+// reportFailure logs a failed attempt, counts a dead letter and calls
+// Hooks.OnFailure. A row in no table (Emitted) is logged and reported
+// without an id.
+func (f *Forwarder) reportFailure(row *source.Row, fail sqladapters.Failure, cause error) {
+	attempts, dead := fail.Attempts, fail.Dead
+	fields := watermill.LogFields{"uuid": row.UUID, "topic": row.Topic, "attempts": attempts}
+	id := row.ID
+	if row.Emitted {
+		id = 0
+	} else {
+		fields["id"] = id
+	}
 	if dead {
 		f.tel.deadLettered(context.Background(), row.Topic, 1)
 		f.cfg.Logger.Error("millbox forwarder: row moved to the dead letters", cause, fields)
@@ -39,12 +73,8 @@ func (f *Forwarder) recordFailure(row sqladapters.OutboxRow, cause error) (dead 
 	}
 	if f.cfg.Hooks.OnFailure != nil {
 		f.cfg.Hooks.OnFailure(FailedAttempt{
-			ID: row.ID, UUID: row.UUID, Topic: row.Topic, Key: row.Key,
+			ID: id, UUID: row.UUID, Topic: row.Topic, Key: row.Key,
 			Attempts: attempts, Error: fail.Error, Backoff: fail.Backoff, Dead: dead,
 		})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), max(f.cfg.CloseTimeout, 5*time.Second))
-	defer cancel()
-	_, err = f.cfg.Dialect.RecordFailure(ctx, f.cfg.DB, fail)
-	return dead, err
 }

@@ -22,9 +22,14 @@ import (
 func TestConfigDefaultsAndValidation(t *testing.T) {
 	var c Config
 	c.setDefaults()
-	if c.BatchSize != DefaultBatchSize || c.Concurrency != DefaultConcurrency || c.Partitions != DefaultPartitions ||
-		c.LeaseTTL != DefaultLeaseTTL || c.MaxAttempts != DefaultMaxAttempts || c.InstanceID == "" || c.Logger == nil {
+	if c.BatchSize != DefaultBatchSize || c.Concurrency != DefaultConcurrency || c.MaxAttempts != DefaultMaxAttempts ||
+		c.Logger == nil || c.Source != (Polling{}) {
 		t.Fatalf("defaults not applied: %+v", c)
+	}
+	var p Polling
+	p.setDefaults()
+	if p.Partitions != DefaultPartitions || p.LeaseTTL != DefaultLeaseTTL || p.InstanceID == "" {
+		t.Fatalf("polling defaults not applied: %+v", p)
 	}
 	if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Config.DB") {
 		t.Fatalf("missing DB: %v", err)
@@ -105,9 +110,9 @@ func TestPrepareDecodesMetadataAsEncodingJSON(t *testing.T) {
 // Validate accepts what New accepts: zero fields take their defaults.
 func TestValidateAppliesDefaults(t *testing.T) {
 	cfg := Config{
-		DB:        stdsql.WrapDB(nil),
-		Dialect:   postgres.MustNew(postgres.Options{}),
-		Publisher: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}),
+		DB:          stdsql.WrapDB(nil),
+		Dialect:     postgres.MustNew(postgres.Options{}),
+		Destination: gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{}),
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("Validate of a config New accepts: %v", err)
@@ -115,5 +120,10 @@ func TestValidateAppliesDefaults(t *testing.T) {
 	cfg.BatchSize = -1
 	if err := cfg.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "BatchSize") {
 		t.Fatalf("Validate with BatchSize -1: %v", err)
+	}
+	cfg.BatchSize = 0
+	cfg.Source = Polling{Partitions: -1}
+	if err := cfg.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Polling.Partitions") {
+		t.Fatalf("Validate with Polling.Partitions -1: %v", err)
 	}
 }

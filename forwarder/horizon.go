@@ -9,8 +9,9 @@ import (
 )
 
 // A forwarder deletes the rows it published, but the database keeps their
-// entries in the pending index until vacuum removes them, and a read in id
-// order walks every one of them before it reaches the first pending row:
+// entries in the outbox's primary key until vacuum removes them, and a
+// read in id order walks every one of them before it reaches the first
+// pending row:
 // after a few million rows drained between two vacuums, that is tens of
 // milliseconds per read. Where the dialect reports a Horizon, the
 // forwarder reads past them instead (PendingQuery.After), starting after
@@ -20,7 +21,8 @@ import (
 // The floor is set by a head read, one that starts at the first row and
 // is preceded by a look at the horizon and followed by another; one runs
 // every PollInterval, so a row below the floor that becomes pending after
-// all (a dead letter requeued by an operator) waits no longer than a poll.
+// all (a dead letter requeued by an operator moves back under its old id)
+// waits no longer than a poll.
 // The floor is the lowest of:
 //
 //   - the final mark as of the first look: ids up to it belong to

@@ -12,18 +12,17 @@ import (
 // failure. While notifications do not arrive, the forwarder watches the
 // outbox's high-water mark as it does without a listener. listening is
 // closed once the forwarder knows which of the two it does.
-func (f *Forwarder) listenLoop(ctx context.Context, listening chan<- struct{}) {
+func (p *poller) listenLoop(ctx context.Context, listening chan<- struct{}) {
 	var once sync.Once
 	known := func() { once.Do(func() { close(listening) }) }
-	w := &notifyWatch{f: f}
-	defer w.stop()
+	w := &notifyWatch{p: p}
 	maxDelay := 5 * time.Second
-	if f.cfg.NotifyProbeInterval > 0 {
-		maxDelay = max(maxDelay, f.cfg.NotifyProbeInterval)
+	if p.cfg.NotifyProbeInterval > 0 {
+		maxDelay = max(maxDelay, p.cfg.NotifyProbeInterval)
 	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := f.listenSession(ctx, func() {
+		err := p.listenSession(ctx, func() {
 			delay = 100 * time.Millisecond
 			w.arrived()
 			known()
@@ -34,7 +33,7 @@ func (f *Forwarder) listenLoop(ctx context.Context, listening chan<- struct{}) {
 		if err == nil {
 			err = errors.New("millbox: the notification listener stopped")
 		}
-		w.lose(ctx, err, delay)
+		w.lose(err, delay)
 		known()
 		sleep(ctx, delay)
 		delay = min(2*delay, maxDelay)
@@ -45,19 +44,19 @@ func (f *Forwarder) listenLoop(ctx context.Context, listening chan<- struct{}) {
 // NotifyProbeInterval. It calls arrived for each probe that came back (or
 // once subscribed, when probing is off), and
 // returns when the listener fails or a probe does not come back.
-func (f *Forwarder) listenSession(ctx context.Context, arrived func()) error {
+func (p *poller) listenSession(ctx context.Context, arrived func()) error {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	got := make(chan struct{}, 1)
 	ready := make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
-		errc <- f.listener.Listen(lctx, f.channel, func() { close(ready) }, func() {
+		errc <- p.listener.Listen(lctx, p.channel, func() { close(ready) }, func() {
 			select {
 			case got <- struct{}{}:
 			default:
 			}
-			f.signal()
+			p.wake()
 		})
 	}()
 	select {
@@ -65,8 +64,8 @@ func (f *Forwarder) listenSession(ctx context.Context, arrived func()) error {
 	case err := <-errc:
 		return err
 	}
-	f.signal() // covers notifications sent while nobody listened
-	if f.cfg.NotifyProbeInterval < 0 {
+	p.wake() // covers notifications sent while nobody listened
+	if p.cfg.NotifyProbeInterval < 0 {
 		arrived()
 		return <-errc
 	}
@@ -78,7 +77,7 @@ func (f *Forwarder) listenSession(ctx context.Context, arrived func()) error {
 			return err
 		case <-next.C:
 		}
-		ended, err := f.probe(lctx, got, errc, arrived)
+		ended, err := p.probe(lctx, got, errc, arrived)
 		if ended {
 			return err
 		}
@@ -86,6 +85,15 @@ func (f *Forwarder) listenSession(ctx context.Context, arrived func()) error {
 			cancel()
 			return errors.Join(err, <-errc)
 		}
-		next.Reset(f.cfg.NotifyProbeInterval)
+		next.Reset(p.cfg.NotifyProbeInterval)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }

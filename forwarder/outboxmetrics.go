@@ -24,28 +24,6 @@ const (
 	DefaultOutboxMetricsTimeout = 5 * time.Second
 )
 
-// OutboxStats is the state of an outbox at one moment.
-type OutboxStats struct {
-	Backlog
-	// OldestPendingAge is the age of the oldest pending row by the
-	// database's clock, 0 when nothing is pending, and negative when the
-	// database cannot tell.
-	OldestPendingAge time.Duration
-}
-
-// ReadOutboxStats counts the pending and dead rows of the outbox and
-// measures the age of the oldest pending row, in one statement.
-func ReadOutboxStats(ctx context.Context, db sqladapters.Executor, d sqladapters.Dialect) (OutboxStats, error) {
-	if db == nil || d == nil {
-		return OutboxStats{}, errors.New("millbox: ReadOutboxStats needs a database and a dialect")
-	}
-	s, err := d.OutboxStats(ctx, db)
-	if err != nil {
-		return OutboxStats{}, fmt.Errorf("millbox: read outbox stats: %w", err)
-	}
-	return OutboxStats{Backlog: Backlog{Pending: s.Pending, Dead: s.Dead}, OldestPendingAge: s.OldestPendingAge}, nil
-}
-
 // OutboxMetricsOptions configures RegisterOutboxMetrics.
 type OutboxMetricsOptions struct {
 	// MinInterval is the shortest time between two reads of the outbox:
@@ -107,7 +85,7 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 		metric.WithDescription("Age of the oldest pending row in the outbox; 0 when nothing is pending."))
 	dead, err3 := meter.Int64ObservableGauge(MetricOutboxDeadLetters,
 		metric.WithUnit("{message}"),
-		metric.WithDescription("Dead rows in the outbox: rows that exhausted their attempts."))
+		metric.WithDescription("Dead letters of the outbox: rows that exhausted their attempts."))
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return nil, err
 	}
@@ -122,9 +100,7 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 		}
 		o.ObserveInt64(pending, s.Pending, attrs)
 		o.ObserveInt64(dead, s.Dead, attrs)
-		if s.OldestPendingAge >= 0 {
-			o.ObserveFloat64(age, s.OldestPendingAge.Seconds(), attrs)
-		}
+		o.ObserveFloat64(age, s.OldestPendingAge.Seconds(), attrs)
 		return nil
 	}, pending, age, dead)
 	if err != nil {
@@ -133,8 +109,8 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 	return reg.Unregister, nil
 }
 
-// outboxReader reads OutboxStats at most once per interval and shares the
-// result between its callers.
+// outboxReader reads the outbox's stats at most once per interval and
+// shares the result between its callers.
 type outboxReader struct {
 	db       sqladapters.Executor
 	d        sqladapters.Dialect
@@ -143,7 +119,7 @@ type outboxReader struct {
 
 	mu    sync.Mutex // guards the read and its result; held during the query so callers share it
 	at    time.Time  // when the last read ended; zero before the first
-	stats OutboxStats
+	stats sqladapters.OutboxStats
 	err   error
 }
 
@@ -159,7 +135,7 @@ func newOutboxReader(db sqladapters.Executor, d sqladapters.Dialect, interval, t
 // read returns the last result when it is younger than the interval, and
 // reads the outbox otherwise; fresh reports the latter. A failure is
 // cached too, so a struggling database is not asked again at once.
-func (r *outboxReader) read(ctx context.Context) (s OutboxStats, fresh bool, err error) {
+func (r *outboxReader) read(ctx context.Context) (s sqladapters.OutboxStats, fresh bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !r.at.IsZero() && time.Since(r.at) < r.interval {
@@ -167,7 +143,7 @@ func (r *outboxReader) read(ctx context.Context) (s OutboxStats, fresh bool, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	r.stats, r.err = ReadOutboxStats(ctx, r.db, r.d)
+	r.stats, r.err = r.d.OutboxStats(ctx, r.db)
 	r.at = time.Now()
 	return r.stats, true, r.err
 }

@@ -31,14 +31,14 @@ const notifyProbeTimeout = 2 * time.Second
 // report it); the listener's outcome with ended set when it returned
 // meanwhile (taken from errc); and an error naming the likely cause when
 // nothing arrived.
-func (f *Forwarder) probe(ctx context.Context, got <-chan struct{}, errc <-chan error, arrived func()) (ended bool, err error) {
+func (p *poller) probe(ctx context.Context, got <-chan struct{}, errc <-chan error, arrived func()) (ended bool, err error) {
 	select {
 	case <-got:
 		arrived()
 		return false, nil
 	default:
 	}
-	if err := f.cfg.Dialect.NotifyProbe(ctx, f.cfg.DB); err != nil {
+	if err := p.env.Dialect.NotifyProbe(ctx, p.env.DB); err != nil {
 		return false, nil
 	}
 	t := time.NewTimer(notifyProbeTimeout)
@@ -54,41 +54,37 @@ func (f *Forwarder) probe(ctx context.Context, got <-chan struct{}, errc <-chan 
 	case <-t.C:
 		return false, fmt.Errorf("no notification came back within %v of the forwarder notifying its channel %q through Config.DB: "+
 			"is the listener behind PgBouncer in transaction pooling? give it a direct connection "+
-			"(pgxv5.WrapPool(pool, pgxv5.ListenOn(directURL)))", notifyProbeTimeout, f.channel)
+			"(pgxv5.WrapPool(pool, pgxv5.ListenOn(directURL)))", notifyProbeTimeout, p.channel)
 	}
 }
 
 // notifyWatch tracks whether notifications arrive, logs the changes, and
-// watches the outbox's high-water mark while they do not. It is used by
-// the listen loop's goroutine only.
+// has the high-water mark watched while they do not. It is used by the
+// listen loop's goroutine only.
 type notifyWatch struct {
-	f      *Forwarder
+	p      *poller
 	lost   bool
 	loudAt time.Time
-	cancel context.CancelFunc
-	done   chan struct{}
 }
 
 // loudEvery repeats the error log while notifications stay lost.
 const loudEvery = 5 * time.Minute
 
-// lose records that notifications do not arrive because of err, and
-// watches the outbox until they do again.
-func (w *notifyWatch) lose(ctx context.Context, err error, retry time.Duration) {
-	f := w.f
+// lose records that notifications do not arrive because of err, and has
+// the outbox watched until they do again.
+func (w *notifyWatch) lose(err error, retry time.Duration) {
+	p := w.p
 	err = fmt.Errorf("%w: %w", ErrNotificationsLost, err)
-	f.reportError(err)
-	fields := watermill.LogFields{"channel": f.channel, "listen_again_in": retry.String()}
+	p.env.ReportError(err)
+	fields := watermill.LogFields{"channel": p.channel, "listen_again_in": retry.String()}
 	if !w.lost || time.Since(w.loudAt) >= loudEvery {
 		w.loudAt = time.Now()
-		f.cfg.Logger.Error("millbox forwarder: notifications do not arrive; watching the outbox for new rows meanwhile", err, fields)
+		p.env.Logger.Error("millbox forwarder: notifications do not arrive; watching the outbox for new rows meanwhile", err, fields)
 	} else {
-		f.cfg.Logger.Info("millbox forwarder: notifications still do not arrive: "+err.Error(), fields)
+		p.env.Logger.Info("millbox forwarder: notifications still do not arrive: "+err.Error(), fields)
 	}
-	if !w.lost {
-		w.lost = true
-		w.start(ctx)
-	}
+	w.lost = true
+	p.watchWanted.Store(true)
 }
 
 // arrived records that a probe came back.
@@ -97,56 +93,6 @@ func (w *notifyWatch) arrived() {
 		return
 	}
 	w.lost = false
-	w.stop()
-	w.f.cfg.Logger.Info("millbox forwarder: notifications arrive again; no longer watching the outbox", watermill.LogFields{"channel": w.f.channel})
-}
-
-// start watches the high-water mark every WatchInterval and wakes the
-// forwarder, with the quick follow-up reads of an in-process wakeup, when
-// it moved (the sequence moves at insert, before commit). Without a
-// high-water mark or with watching off, the poll alone finds new rows.
-func (w *notifyWatch) start(ctx context.Context) {
-	if !w.f.cfg.Dialect.Features().HighWaterMark || w.f.cfg.WatchInterval <= 0 {
-		return
-	}
-	ctx, w.cancel = context.WithCancel(ctx)
-	w.done = make(chan struct{})
-	go func() {
-		defer close(w.done)
-		last := int64(-1)
-		wait := w.f.cfg.WatchInterval
-		t := time.NewTimer(0)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			mark, err := w.f.cfg.Dialect.HighWaterMark(ctx, w.f.cfg.DB)
-			switch {
-			case err != nil:
-				// The database is away: the reads report it; look less
-				// often meanwhile.
-				wait = min(max(2*wait, 100*time.Millisecond), w.f.cfg.PollInterval)
-			case mark != last:
-				last = mark
-				w.f.nudge()
-				fallthrough
-			default:
-				wait = w.f.cfg.WatchInterval
-			}
-			t.Reset(wait)
-		}
-	}()
-}
-
-// stop ends the watch, if one runs, and waits for it.
-func (w *notifyWatch) stop() {
-	if w.cancel == nil {
-		return
-	}
-	w.cancel()
-	<-w.done
-	w.cancel, w.done = nil, nil
+	w.p.watchWanted.Store(false)
+	w.p.env.Logger.Info("millbox forwarder: notifications arrive again; no longer watching the outbox", watermill.LogFields{"channel": w.p.channel})
 }

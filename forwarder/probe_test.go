@@ -14,23 +14,24 @@ import (
 
 func TestNotifyProbeIntervalDefaultAndValidation(t *testing.T) {
 	c := Config{
-		DB:        pgxv5.WrapConn(nil),
-		Dialect:   postgres.MustNew(postgres.Options{Notify: true}),
-		Publisher: gochannel.NewGoChannel(gochannel.Config{}, nil),
+		DB:          pgxv5.WrapConn(nil),
+		Dialect:     postgres.MustNew(postgres.Options{Notify: true}),
+		Destination: gochannel.NewGoChannel(gochannel.Config{}, nil),
 	}
-	c.setDefaults()
-	if c.NotifyProbeInterval != DefaultNotifyProbeInterval {
-		t.Fatalf("NotifyProbeInterval defaults to %v", c.NotifyProbeInterval)
+	var p Polling
+	p.setDefaults()
+	if p.NotifyProbeInterval != DefaultNotifyProbeInterval {
+		t.Fatalf("NotifyProbeInterval defaults to %v", p.NotifyProbeInterval)
 	}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	c.NotifyProbeInterval = -1
+	c.Source = Polling{NotifyProbeInterval: -1}
 	if err := c.Validate(); err != nil {
 		t.Fatalf("probing off: %v", err)
 	}
-	c.NotifyProbeInterval = time.Millisecond
-	if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Config.NotifyProbeInterval") {
+	c.Source = Polling{NotifyProbeInterval: time.Millisecond}
+	if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "Polling.NotifyProbeInterval") {
 		t.Fatalf("1ms probe interval: %v", err)
 	}
 }

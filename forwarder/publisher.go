@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millbox/millbox/forwarder/internal/emit"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -25,6 +26,17 @@ const (
 	// DefaultMaxPayloadBytes is the largest payload the publisher accepts,
 	// unless the dialect's MaxMessageBytes is lower.
 	DefaultMaxPayloadBytes = 8 << 20
+	// MaxMessageBytesWithoutTable is the largest message a publisher with
+	// PublisherConfig.WithoutTable writes, counting its UUID, payload,
+	// metadata (as JSON, the trace context included) and ordering key.
+	// The forwarder holds a whole logical decoding message in memory while
+	// it decodes it, and PostgreSQL bounds one WAL record to about 1 GB:
+	// 32 MiB keeps both far away, and is four times DefaultMaxPayloadBytes.
+	MaxMessageBytesWithoutTable = 32 << 20
+	// emitRecordBytes bounds one logical decoding message of a Publish
+	// call without a table: a larger call is written as several, in
+	// order, in the same transaction.
+	emitRecordBytes = 64 << 20
 )
 
 var (
@@ -35,7 +47,8 @@ var (
 	// faithfully: nil, without UUID, with a topic, UUID or metadata that is
 	// not valid UTF-8 or holds a NUL byte, with a payload larger than
 	// MaxPayloadBytes, or larger as a whole than the dialect's
-	// MaxMessageBytes (sqladapters.Dialect). The error names the field and
+	// MaxMessageBytes (sqladapters.Dialect), or, without a table, than
+	// MaxMessageBytesWithoutTable. The error names the field and
 	// the limit. Publish checks every message of a call before it writes
 	// any, so the caller's transaction stays usable.
 	ErrInvalidMessage = errors.New("millbox: invalid message")
@@ -71,6 +84,27 @@ type PublisherConfig struct {
 	// this value is (on MySQL/MariaDB half the server's
 	// max_allowed_packet).
 	MaxPayloadBytes int
+	// WithoutTable writes each Publish call's messages into PostgreSQL's
+	// write-ahead log as one logical decoding message
+	// (pg_logical_emit_message), in the caller's transaction, instead of
+	// rows of the outbox table: no row, no index entry, no delete and no
+	// vacuum for a message that goes out at its first attempt. The change
+	// data capture source (forwarder/cdc) decodes them from the stream in
+	// commit order, with the same lanes, breaker and at-least-once promise,
+	// and writes a message whose delivery fails into the outbox table,
+	// where its retries, dead letter and requeue take the ordinary path.
+	// Publishers with and without a table may share one outbox and one
+	// forwarder; a key keeps its order across both.
+	//
+	// It needs PostgreSQL 14 or later with wal_level logical, and a
+	// forwarder with the cdc source on the outbox: Publish refuses, writing
+	// nothing, where no logical replication slot exists in the database
+	// (sqladapters.ErrEmitUnavailable). Messages are held only by the WAL
+	// until the slot confirms them: a slot dropped or invalidated
+	// (max_slot_wal_keep_size) before it did loses them, which a table
+	// would not; see forwarder/cdc's documentation for the guardrails.
+	// Messages are at most MaxMessageBytesWithoutTable. Defaults to false.
+	WithoutTable bool
 	// Telemetry.Propagator stores the trace context of each message's
 	// context (msg.SetContext) in its metadata, so that the trace of the
 	// request that wrote the message continues where it is sent and
@@ -98,10 +132,14 @@ func (c PublisherConfig) Validate() error {
 	if c.Dialect == nil {
 		return fmt.Errorf("%w: PublisherConfig.Dialect is required (for example postgres.New(postgres.Options{}))", ErrInvalidConfig)
 	}
+	if c.WithoutTable && c.Dialect.Logical() == nil {
+		return fmt.Errorf("%w: PublisherConfig.WithoutTable needs a database that streams its changes (PostgreSQL), not %s", ErrInvalidConfig, c.Dialect.Name())
+	}
 	return nil
 }
 
-// Publisher writes messages into the outbox table inside a transaction.
+// Publisher writes messages into the outbox table inside a transaction (or,
+// with PublisherConfig.WithoutTable, into the write-ahead log).
 // It implements message.Publisher. It is safe for concurrent use as far as
 // its transaction is: a bound publisher shares the rules of its tx.
 type Publisher struct {
@@ -209,6 +247,17 @@ func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string
 			return err
 		}
 	}
+	if p.cfg.WithoutTable {
+		runs := emit.Split(rows, emitRecordBytes)
+		records := make([]sqladapters.EmitRecord, len(runs))
+		for i, run := range runs {
+			records[i] = sqladapters.EmitRecord{Content: emit.Encode(run), Messages: len(run)}
+		}
+		if err := p.cfg.Dialect.Logical().Emit(ctx, tx, records); err != nil {
+			return fmt.Errorf("millbox: write %d message(s) to the outbox without a table: %w", len(msgs), err)
+		}
+		return nil
+	}
 	if err := p.cfg.Dialect.InsertOutbox(ctx, tx, rows); err != nil {
 		return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), err)
 	}
@@ -282,12 +331,14 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 		payload = []byte{}
 	}
 	key := m.Metadata.Get(p.cfg.KeyMetadataField)
-	if limit := p.cfg.Dialect.MaxMessageBytes(); limit > 0 {
-		size := len(topic) + len(m.UUID) + len(payload) + len(md) + len(key)
-		if size > limit {
-			return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: %d bytes (payload %d, metadata %d, ordering key %d, topic and UUID %d) exceed the %s dialect's MaxMessageBytes %d",
-				ErrInvalidMessage, m.UUID, size, len(payload), len(md), len(key), len(topic)+len(m.UUID), p.cfg.Dialect.Name(), limit)
-		}
+	size := len(topic) + len(m.UUID) + len(payload) + len(md) + len(key)
+	if limit := p.cfg.Dialect.MaxMessageBytes(); limit > 0 && size > limit {
+		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: %d bytes (payload %d, metadata %d, ordering key %d, topic and UUID %d) exceed the %s dialect's MaxMessageBytes %d",
+			ErrInvalidMessage, m.UUID, size, len(payload), len(md), len(key), len(topic)+len(m.UUID), p.cfg.Dialect.Name(), limit)
+	}
+	if size -= len(topic); p.cfg.WithoutTable && size > MaxMessageBytesWithoutTable {
+		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: %d bytes (payload %d, metadata %d, ordering key %d, UUID %d) exceed MaxMessageBytesWithoutTable %d",
+			ErrInvalidMessage, m.UUID, size, len(payload), len(md), len(key), len(m.UUID), MaxMessageBytesWithoutTable)
 	}
 	// Rows without a key spread over the partitions by their UUID.
 	hash := KeyHash(key)

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
+	nooptrace "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/millbox/millbox/forwarder/internal/failure"
 	"github.com/millbox/millbox/sqladapters"
@@ -56,7 +57,7 @@ const (
 	// MetricOutboxOldestPendingAge is the age of the oldest pending row,
 	// in seconds; 0 when nothing is pending.
 	MetricOutboxOldestPendingAge = "millbox.outbox.oldest_pending_age"
-	// MetricOutboxDeadLetters is the number of dead rows in the outbox.
+	// MetricOutboxDeadLetters is the number of dead letters of the outbox.
 	MetricOutboxDeadLetters = "millbox.outbox.dead_letters"
 )
 
@@ -195,9 +196,12 @@ func errorClass(err error) string {
 // Every method is safe for concurrent use and cheap when the providers do
 // nothing.
 type telemetry struct {
-	tracer trace.Tracer
-	meter  metric.Meter
-	prop   propagation.TextMapPropagator
+	tracer         trace.Tracer
+	fields         []string // the propagator's metadata fields
+	tracerProvider trace.TracerProvider
+	globalTracer   bool // tracerProvider is OpenTelemetry's global one
+	meter          metric.Meter
+	prop           propagation.TextMapPropagator
 	// base holds the attributes of every metric and span: the table and
 	// the messaging system.
 	base []attribute.KeyValue
@@ -221,14 +225,36 @@ type telemetry struct {
 	lastErrAt   time.Time
 }
 
+// defaultTracerProvider is OpenTelemetry's global tracer provider before
+// any application set one: it traces nothing.
+var defaultTracerProvider = otel.GetTracerProvider()
+
+// tracing tells whether spans of tp can record: not a no-op provider, and
+// not the global one while no SDK is installed. Without tracing, sends
+// start no span and read no trace context from the messages.
+func tracing(tp trace.TracerProvider, global bool) bool {
+	if global {
+		tp = otel.GetTracerProvider()
+		if tp == defaultTracerProvider {
+			return false
+		}
+	}
+	_, noop := tp.(nooptrace.TracerProvider)
+	return !noop
+}
+
 // newTelemetry builds the instruments of the forwarder of d's outbox.
 func newTelemetry(cfg Telemetry, d sqladapters.Dialect) (*telemetry, error) {
+	global := cfg.TracerProvider == nil
 	cfg = cfg.withDefaults()
 	t := &telemetry{
-		tracer: cfg.TracerProvider.Tracer(instrumentationName),
-		meter:  cfg.MeterProvider.Meter(instrumentationName),
-		prop:   cfg.Propagator,
-		base:   []attribute.KeyValue{AttrOutboxTable.String(tableLabel(d))},
+		tracerProvider: cfg.TracerProvider,
+		globalTracer:   global,
+		tracer:         cfg.TracerProvider.Tracer(instrumentationName),
+		meter:          cfg.MeterProvider.Meter(instrumentationName),
+		prop:           cfg.Propagator,
+		fields:         cfg.Propagator.Fields(),
+		base:           []attribute.KeyValue{AttrOutboxTable.String(tableLabel(d))},
 	}
 	if cfg.MessagingSystem != "" {
 		t.base = append(t.base, semconv.MessagingSystemKey.String(cfg.MessagingSystem))
@@ -406,7 +432,7 @@ func (t *telemetry) health() (lastPublish time.Time, lastErr string, lastErrAt t
 
 // status assembles the Status of a forwarder from its own state and a
 // read of the outbox.
-func (t *telemetry) status(running bool, partitions []int, stats OutboxStats) Status {
+func (t *telemetry) status(running bool, partitions []int, stats sqladapters.OutboxStats) Status {
 	s := Status{
 		Running:          running,
 		Partitions:       partitions,
@@ -416,6 +442,23 @@ func (t *telemetry) status(running bool, partitions []int, stats OutboxStats) St
 	}
 	s.LastPublish, s.LastError, s.LastErrorAt = t.health()
 	return s
+}
+
+// rawContext returns the values of the propagator's fields in md, as one
+// string: two messages with the same one carry the same context.
+func (t *telemetry) rawContext(md message.Metadata) string {
+	switch len(t.fields) {
+	case 0:
+		return ""
+	case 1:
+		return md[t.fields[0]]
+	}
+	var b strings.Builder
+	for _, f := range t.fields {
+		b.WriteString(md[f])
+		b.WriteByte(0)
+	}
+	return b.String()
 }
 
 // startSend starts the span of one publish call of msgs to topic and
@@ -430,15 +473,24 @@ func (t *telemetry) status(running bool, partitions []int, stats OutboxStats) St
 // consumers continue the producer's trace, as the messaging conventions
 // ask.
 func (t *telemetry) startSend(ctx context.Context, topic string, msgs []*message.Message) (context.Context, func(error)) {
-	var parent trace.SpanContext
+	if !tracing(t.tracerProvider, t.globalTracer) {
+		return ctx, func(error) {}
+	}
+	var parent, sc trace.SpanContext
 	same := true
 	var links []trace.Link
-	for _, m := range msgs {
+	var lastRaw string
+	for i, m := range msgs {
 		if m == nil || len(m.Metadata) == 0 {
 			same = false
 			continue
 		}
-		sc := trace.SpanContextFromContext(t.prop.Extract(context.Background(), propagation.MapCarrier(m.Metadata)))
+		// Consecutive messages of one producer carry the same fields: the
+		// context is read again only when they change.
+		if raw := t.rawContext(m.Metadata); i == 0 || raw != lastRaw {
+			lastRaw = raw
+			sc = trace.SpanContextFromContext(t.prop.Extract(context.Background(), propagation.MapCarrier(m.Metadata)))
+		}
 		if !sc.IsValid() {
 			same = false
 			continue

@@ -17,7 +17,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	nooptrace "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
@@ -211,14 +213,14 @@ func TestTelemetryObservesRunningAndPartitionsUntilClosed(t *testing.T) {
 
 func TestTelemetryHealthRemembersLastPublishAndError(t *testing.T) {
 	f := newTelemetryFixture(t)
-	s := f.tel.status(true, []int{1, 3}, OutboxStats{Backlog: Backlog{Pending: 5, Dead: 1}, OldestPendingAge: time.Minute})
+	s := f.tel.status(true, []int{1, 3}, sqladapters.OutboxStats{Pending: 5, Dead: 1, OldestPendingAge: time.Minute})
 	if !s.LastPublish.IsZero() || s.LastError != "" {
 		t.Fatalf("fresh status has history: %+v", s)
 	}
 	before := time.Now()
 	f.tel.sent(context.Background(), "orders", 1)
 	f.tel.failed(context.Background(), "orders", 1, errors.New("broker down"))
-	s = f.tel.status(true, []int{1, 3}, OutboxStats{Backlog: Backlog{Pending: 5, Dead: 1}, OldestPendingAge: time.Minute})
+	s = f.tel.status(true, []int{1, 3}, sqladapters.OutboxStats{Pending: 5, Dead: 1, OldestPendingAge: time.Minute})
 	if s.LastPublish.Before(before) || s.LastError != "broker down" || s.LastErrorAt.Before(before) {
 		t.Fatalf("status: %+v", s)
 	}
@@ -392,5 +394,52 @@ func TestTelemetryInstrumentUnits(t *testing.T) {
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("instruments\n got %v\nwant %v", got, want)
+	}
+}
+
+// countingPropagator counts the trace contexts read from messages.
+type countingPropagator struct {
+	propagation.TextMapPropagator
+	extracts int
+}
+
+func (p *countingPropagator) Extract(ctx context.Context, c propagation.TextMapCarrier) context.Context {
+	p.extracts++
+	return p.TextMapPropagator.Extract(ctx, c)
+}
+
+// Without an SDK (the global providers of a program that installed none,
+// or no-op ones) a send reads no trace context from its messages; with
+// one it reads each producer's context once, not once per message.
+func TestStartSendReadsNoTraceContextWithoutAnSDK(t *testing.T) {
+	d := postgres.MustNew(postgres.Options{})
+	traced := make([]*message.Message, 50)
+	sdk := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = sdk.Shutdown(context.Background()) })
+	ctx, span := sdk.Tracer("producer").Start(context.Background(), "request")
+	for i := range traced {
+		m := message.NewMessage(fmt.Sprint(i), nil)
+		propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(m.Metadata))
+		traced[i] = m
+	}
+	span.End()
+	for name, c := range map[string]struct {
+		tp   trace.TracerProvider
+		want int
+	}{
+		"global, no SDK installed": {nil, 0},
+		"no-op":                    {nooptrace.NewTracerProvider(), 0},
+		"SDK":                      {sdk, 1},
+	} {
+		prop := &countingPropagator{TextMapPropagator: propagation.TraceContext{}}
+		tel, err := newTelemetry(Telemetry{TracerProvider: c.tp, Propagator: prop}, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, end := tel.startSend(context.Background(), "t", traced)
+		end(nil)
+		if prop.extracts != c.want {
+			t.Errorf("%s: %d trace contexts read for a call of %d messages of one producer, want %d", name, prop.extracts, len(traced), c.want)
+		}
 	}
 }

@@ -45,24 +45,3 @@ func subscribeWake(table string) (<-chan struct{}, func()) {
 		ws.mu.Unlock()
 	}
 }
-
-// nudge wakes this forwarder alone as an in-process ping does: a read now
-// and quick follow-ups.
-func (f *Forwarder) nudge() {
-	v, ok := wakers.Load(f.cfg.Dialect.OutboxTable())
-	if !ok {
-		return
-	}
-	ws := v.(*wakeSet)
-	ws.mu.Lock()
-	defer ws.mu.Unlock()
-	for ch := range ws.subs {
-		if ch == f.localCh {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
-			return
-		}
-	}
-}

@@ -3,14 +3,14 @@ package inbox
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/startstop"
 )
 
 const (
@@ -35,7 +35,7 @@ var (
 	ErrClosed = sqladapters.ErrClosed
 	// ErrRunning is returned by Run while another Run of the same Cleaner
 	// is going on.
-	ErrRunning = errors.New("millbox: already running")
+	ErrRunning = startstop.ErrRunning
 )
 
 // CleanerConfig configures a Cleaner.
@@ -95,16 +95,9 @@ func (c CleanerConfig) Validate() error {
 // Cleaner deletes inbox rows older than the retention window. Call
 // CleanOnce from your own scheduler, or Run to clean every Interval.
 type Cleaner struct {
-	cfg CleanerConfig
-
-	running chan struct{} // closed when Run starts
-	closing chan struct{} // closed by Close
-	done    chan struct{} // closed when Run returns
-
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	cancel  context.CancelFunc // cancels Run's context
+	cfg       CleanerConfig
+	life      startstop.Base
+	cancelled atomic.Bool // Close cancelled a batch in flight
 }
 
 // NewCleaner validates cfg and returns a Cleaner. It starts nothing: call
@@ -114,12 +107,7 @@ func NewCleaner(cfg CleanerConfig) (*Cleaner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Cleaner{
-		cfg:     cfg,
-		running: make(chan struct{}),
-		closing: make(chan struct{}),
-		done:    make(chan struct{}),
-	}, nil
+	return &Cleaner{cfg: cfg}, nil
 }
 
 // CleanOnce deletes every row older than the retention window, BatchSize
@@ -163,22 +151,29 @@ func (c *Cleaner) clean(ctx context.Context, stop <-chan struct{}) (int, error) 
 // called; it then returns nil. A failed round is logged and retried at the
 // next interval. Run blocks; it may be called once.
 func (c *Cleaner) Run(ctx context.Context) error {
-	c.mu.Lock()
-	switch {
-	case c.closed:
-		c.mu.Unlock()
-		return ErrClosed
-	case c.started:
-		c.mu.Unlock()
-		return ErrRunning
+	ctx, err := c.life.Begin(ctx)
+	if err != nil {
+		return err
 	}
-	c.started = true
-	ctx, cancel := context.WithCancel(ctx)
-	c.cancel = cancel
-	c.mu.Unlock()
-	defer close(c.done)
-	defer cancel()
-	close(c.running)
+	return c.life.End(c.run(ctx))
+}
+
+func (c *Cleaner) run(ctx context.Context) error {
+	c.life.Started()
+	// A batch in flight when Close is called may finish, for up to
+	// CloseTimeout: it runs on a context that Close's cancel reaches only
+	// that much later.
+	batchCtx, cancelBatch := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBatch()
+	stop := context.AfterFunc(ctx, func() {
+		time.AfterFunc(c.cfg.CloseTimeout, func() {
+			if batchCtx.Err() == nil {
+				c.cancelled.Store(true)
+				cancelBatch()
+			}
+		})
+	})
+	defer stop()
 
 	log := c.cfg.Logger.With(watermill.LogFields{"inbox_table": c.cfg.Dialect.InboxTable()})
 	log.Info("Inbox cleaner started", watermill.LogFields{"retention": c.cfg.Retention, "interval": c.cfg.Interval})
@@ -188,13 +183,11 @@ func (c *Cleaner) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-c.closing:
-			return nil
 		case <-timer.C:
 		}
-		n, err := c.clean(ctx, c.closing)
+		n, err := c.clean(batchCtx, ctx.Done())
 		switch {
-		case err != nil && ctx.Err() != nil:
+		case err != nil && batchCtx.Err() != nil:
 			return nil
 		case err != nil:
 			log.Error("Inbox cleaning failed", err, watermill.LogFields{"deleted": n})
@@ -205,47 +198,19 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	}
 }
 
-// Running is closed once Run has started.
-func (c *Cleaner) Running() <-chan struct{} { return c.running }
+// Running is closed once Run has started, or has returned.
+func (c *Cleaner) Running() <-chan struct{} { return c.life.Running() }
+
+// Ready waits until Run runs and returns nil, or returns why it will not:
+// the error Run returned, ErrClosed, or ctx's error.
+func (c *Cleaner) Ready(ctx context.Context) error { return c.life.Ready(ctx) }
 
 // Close stops Run: it lets the batch in flight finish for up to
 // CloseTimeout, then cancels it, and returns once Run has returned. Close
 // is idempotent; a Cleaner that never ran closes at once.
 func (c *Cleaner) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		<-c.doneIfStarted()
-		return nil
+	if err := c.life.Close(c.cfg.CloseTimeout+time.Second, "inbox cleaner"); err != nil || c.cancelled.Load() {
+		return fmt.Errorf("millbox: inbox cleaner: the batch in flight did not finish within CloseTimeout %v and was cancelled", c.cfg.CloseTimeout)
 	}
-	c.closed = true
-	close(c.closing)
-	started, cancel := c.started, c.cancel
-	c.mu.Unlock()
-	if !started {
-		return nil
-	}
-	timer := time.NewTimer(c.cfg.CloseTimeout)
-	defer timer.Stop()
-	select {
-	case <-c.done:
-		return nil
-	case <-timer.C:
-	}
-	cancel()
-	<-c.done
-	return fmt.Errorf("millbox: inbox cleaner: the batch in flight did not finish within CloseTimeout %v and was cancelled", c.cfg.CloseTimeout)
-}
-
-// doneIfStarted returns a channel that is closed when Run has returned, or
-// at once when Run never started. The caller holds no lock.
-func (c *Cleaner) doneIfStarted() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.started {
-		return c.done
-	}
-	closed := make(chan struct{})
-	close(closed)
-	return closed
+	return nil
 }

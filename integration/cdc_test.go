@@ -40,27 +40,50 @@ type cdcEnv struct {
 	pool *pgxpool.Pool
 	db   sqladapters.DB
 	d    *postgres.Dialect
-	cfg  cdc.Config
+	src  cdc.Source
+	cfg  forwarder.Config // with src as its Source
 }
 
 func newCDCEnv(t *testing.T) *cdcEnv {
+	t.Helper()
+	return newCDCEnvWith(t, postgres.Options{})
+}
+
+func newCDCEnvWith(t *testing.T, opts postgres.Options) *cdcEnv {
 	t.Helper()
 	pool := testenv.Postgres(t)
 	db := pgxv5.WrapPool(pool)
 	e := &cdcEnv{pool: pool, db: db}
 	name := testenv.UniqueName("mbcdc_")
-	e.cfg = cdc.Config{ConnString: testenv.PostgresURL(), DB: db, Slot: name, Publication: name}
+	e.src = cdc.Source{ConnString: testenv.PostgresURL(), Slot: name, Publication: name}
 	// Registered before the schema's cleanup, so it runs after every
 	// forwarder of the test stopped and before the pool closes.
 	t.Cleanup(func() { dropSlot(t, pool, name) })
-	e.d = testenv.PostgresDialect(t, db, pool, postgres.Options{})
-	e.cfg.Dialect = e.d
+	e.d = testenv.PostgresDialect(t, db, pool, opts)
+	e.cfg = forwarder.Config{DB: db, Dialect: e.d, Source: e.src, Logger: testenv.Logger(t)}
 	return e
+}
+
+// with returns the forwarder config with the source edited.
+func (e *cdcEnv) with(edit func(*cdc.Source)) forwarder.Config {
+	src := e.src
+	edit(&src)
+	cfg := e.cfg
+	cfg.Source = src
+	return cfg
+}
+
+// setup creates the publication and the slot.
+func (e *cdcEnv) setup(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if err := cdc.Setup(ctx, e.db, e.d, e.src); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // dropSlot drops the slot and publication, ending a reader that still
 // holds the slot.
-func dropSlot(t *testing.T, pool *pgxpool.Pool, name string) {
+func dropSlot(t testing.TB, pool *pgxpool.Pool, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for ctx.Err() == nil {
@@ -81,9 +104,9 @@ func dropSlot(t *testing.T, pool *pgxpool.Pool, name string) {
 }
 
 // start runs a forwarder with cfg until the test ends.
-func (e *cdcEnv) start(t *testing.T, cfg cdc.Config) *cdc.Forwarder {
+func (e *cdcEnv) start(t *testing.T, cfg forwarder.Config) *forwarder.Forwarder {
 	t.Helper()
-	f, err := cdc.New(cfg)
+	f, err := forwarder.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,8 +235,9 @@ func pacedWriters(ctx context.Context, t *testing.T, e *cdcEnv, topic string, n,
 	return uuids
 }
 
-// waitEmpty waits until the outbox has no pending row and the slot is
-// confirmed past everything written so far.
+// waitDrained waits until the outbox has no pending row (and, unless
+// keep, no dead letter) and the slot is confirmed past everything written
+// so far.
 func (e *cdcEnv) waitDrained(t *testing.T, ctx context.Context, keep bool) {
 	t.Helper()
 	var target string
@@ -222,17 +246,17 @@ func (e *cdcEnv) waitDrained(t *testing.T, ctx context.Context, keep bool) {
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		var pending, unpublished int64
+		var pending, dead int64
 		var passed bool
 		err := e.pool.QueryRow(ctx, `SELECT
-	(SELECT count(*) FROM `+e.d.OutboxTable()+` WHERE dead_at IS NULL AND published_at IS NULL),
-	(SELECT count(*) FROM `+e.d.OutboxTable()+` WHERE published_at IS NULL),
-	(SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1)`, e.cfg.Slot, target).Scan(&pending, &unpublished, &passed)
-		if err == nil && pending == 0 && passed && (keep || unpublished == 0) {
+	(SELECT count(*) FROM `+e.d.OutboxTable()+`),
+	(SELECT count(*) FROM `+e.d.Tables()[5]+`),
+	(SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1)`, e.src.Slot, target).Scan(&pending, &dead, &passed)
+		if err == nil && pending == 0 && passed && (keep || dead == 0) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("outbox not drained: pending=%d rows=%d slot confirmed past %s: %v (%v)", pending, unpublished, target, passed, err)
+			t.Fatalf("outbox not drained: pending=%d dead=%d slot confirmed past %s: %v (%v)", pending, dead, target, passed, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -265,12 +289,10 @@ func TestCDCConcurrentCommits(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	ctx := testenv.Ctx(t, 5*time.Minute)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.setup(t, ctx)
 	cfg := e.cfg
 	cp := &countingPublisher{Publisher: pub, seen: map[string]int{}}
-	cfg.Publisher = cp
+	cfg.Destination = cp
 	var errs atomic.Int64
 	cfg.Hooks.OnError = func(err error) {
 		if errs.Add(1) <= 5 {
@@ -330,9 +352,17 @@ func TestCDCChildProcess(t *testing.T) {
 	}
 	defer pub.Close()
 	slot := os.Getenv("MILLBOX_CDC_SLOT")
-	f, err := cdc.New(cdc.Config{
-		ConnString: testenv.PostgresURL(), DB: db, Dialect: d, Publisher: pub, Slot: slot, Publication: slot,
-		Hooks: cdc.Hooks{OnActive: func(active bool) {
+	var status time.Duration
+	if v := os.Getenv("MILLBOX_CDC_STATUS"); v != "" {
+		if status, err = time.ParseDuration(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := forwarder.New(forwarder.Config{
+		DB:          db,
+		Dialect:     d,
+		Destination: pub,
+		Source: cdc.Source{ConnString: testenv.PostgresURL(), Slot: slot, Publication: slot, StatusInterval: status, OnActive: func(active bool) {
 			if active {
 				fmt.Println("CDC-ACTIVE")
 			}
@@ -358,13 +388,11 @@ func TestCDCFailoverSIGKILL(t *testing.T) {
 	k := testenv.StartKafka(t, topic)
 	col := k.Collect(t, topic)
 	ctx := testenv.Ctx(t, 5*time.Minute)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.setup(t, ctx)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCDCChildProcess$", "-test.v")
 	cmd.Env = append(os.Environ(), "MILLBOX_CDC_CHILD=1", "MILLBOX_CDC_SCHEMA="+e.d.Schema(),
-		"MILLBOX_CDC_SLOT="+e.cfg.Slot, "MILLBOX_CDC_KAFKA="+k.Addr())
+		"MILLBOX_CDC_SLOT="+e.src.Slot, "MILLBOX_CDC_KAFKA="+k.Addr())
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -396,14 +424,15 @@ func TestCDCFailoverSIGKILL(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	var tookOver atomic.Bool
-	cfg := e.cfg
-	cfg.Publisher = pub
-	cfg.StandbyRetry = 200 * time.Millisecond
-	cfg.Hooks.OnActive = func(a bool) {
-		if a {
-			tookOver.Store(true)
+	cfg := e.with(func(s *cdc.Source) {
+		s.StandbyRetry = 200 * time.Millisecond
+		s.OnActive = func(a bool) {
+			if a {
+				tookOver.Store(true)
+			}
 		}
-	}
+	})
+	cfg.Destination = pub
 	e.start(t, cfg)
 	if tookOver.Load() {
 		t.Fatal("the standby became active while the child led")
@@ -459,17 +488,16 @@ func TestCDCPostgresRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	ctx := testenv.Ctx(t, 5*time.Minute)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
-	cfg := e.cfg
-	cfg.Publisher = pub
+	e.setup(t, ctx)
 	var sessions atomic.Int64
-	cfg.Hooks.OnActive = func(a bool) {
-		if a {
-			sessions.Add(1)
+	cfg := e.with(func(s *cdc.Source) {
+		s.OnActive = func(a bool) {
+			if a {
+				sessions.Add(1)
+			}
 		}
-	}
+	})
+	cfg.Destination = pub
 	e.start(t, cfg)
 
 	n := cdcN(t) / 2
@@ -552,9 +580,7 @@ func TestCDCPoisonKey(t *testing.T) {
 	k := testenv.StartKafka(t, topic)
 	col := k.Collect(t, topic)
 	ctx := testenv.Ctx(t, 3*time.Minute)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.setup(t, ctx)
 	poison := keyedMsg("poison", 0)
 	pub := &failingPublisher{Publisher: k.KeyedPublisher(t), match: func(m *message.Message) bool { return m.UUID == poison.UUID }}
 	pub.failing.Store(true)
@@ -562,11 +588,11 @@ func TestCDCPoisonKey(t *testing.T) {
 	var failures []forwarder.FailedAttempt
 	var deadAt time.Time
 	cfg := e.cfg
-	cfg.Publisher = pub
+	cfg.Destination = pub
 	cfg.MaxAttempts = 3
 	cfg.MinBackoff, cfg.MaxBackoff = 100*time.Millisecond, 200*time.Millisecond
 	// Retries are read when due; nothing else polls during the test, so the
-	// requeued row is found only through the update in the stream.
+	// requeued row is found only through its insert in the stream.
 	cfg.PollInterval = time.Hour
 	cfg.Hooks.OnFailure = func(f forwarder.FailedAttempt) {
 		mu.Lock()
@@ -625,7 +651,7 @@ func TestCDCPoisonKey(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	dls, err := forwarder.DeadLetters(ctx, e.db, e.d, 0, 10)
+	dls, err := listDeadLetters(ctx, e.db, e.d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -635,10 +661,10 @@ func TestCDCPoisonKey(t *testing.T) {
 
 	// Requeued, it is published; afterwards the key streams again. The
 	// pause lets the reads of the table that follow the last delivery
-	// end: then only the requeue's update in the stream can lead to it.
+	// end: then only the requeue's insert in the stream can lead to it.
 	time.Sleep(time.Second)
 	pub.failing.Store(false)
-	if n, err := forwarder.RequeueDeadLetters(ctx, e.db, e.d); err != nil || n != 1 {
+	if n, err := requeueAll(ctx, e.db, e.d); err != nil || n != 1 {
 		t.Fatalf("requeue: %d, %v", n, err)
 	}
 	if err := col.WaitUUIDs(ctx, []string{poison.UUID}, 20*time.Second); err != nil {
@@ -652,23 +678,94 @@ func TestCDCPoisonKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitDrained(t, ctx, false)
-	if dls, err := forwarder.DeadLetters(ctx, e.db, e.d, 0, 10); err != nil || len(dls) != 0 {
+	if dls, err := listDeadLetters(ctx, e.db, e.d); err != nil || len(dls) != 0 {
 		t.Fatalf("dead letters after requeue: %d, %v", len(dls), err)
 	}
 }
 
-// TestCDCKeepForwarded: published rows are stamped, not deleted; unkeyed
-// messages flow too.
+// TestCDCRequeueGoesFirst: a dead letter requeued while later messages of
+// its key wait in the forwarder behind a call in flight is published
+// before them: the requeue, an insert under the dead letter's old id,
+// hands the key to polling, which takes the waiting messages back and
+// publishes the key's rows in id order.
+func TestCDCRequeueGoesFirst(t *testing.T) {
+	e := newCDCEnv(t)
+	topic := testenv.UniqueName("cdc_")
+	k := testenv.StartKafka(t, topic)
+	col := k.Collect(t, topic)
+	ctx := testenv.Ctx(t, 2*time.Minute)
+	e.setup(t, ctx)
+	poison, held := keyedMsg("k", 0), keyedMsg("k", 1)
+	hang := &hangingPublisher{Publisher: k.KeyedPublisher(t), uuid: held.UUID, release: make(chan struct{}), entered: make(chan struct{})}
+	pub := &failingPublisher{Publisher: hang, match: func(m *message.Message) bool { return m.UUID == poison.UUID }}
+	pub.failing.Store(true)
+	dead := make(chan struct{}, 1)
+	cfg := e.cfg
+	cfg.Destination = pub
+	cfg.MaxAttempts = 1
+	cfg.PublishTimeout = time.Minute
+	cfg.PollInterval = time.Hour
+	cfg.Hooks.OnFailure = func(f forwarder.FailedAttempt) {
+		if f.Dead {
+			dead <- struct{}{}
+		}
+	}
+	e.start(t, cfg)
+	if err := e.write(ctx, topic, poison); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-dead:
+	case <-ctx.Done():
+		t.Fatal("the poison message was not dead-lettered")
+	}
+	pub.failing.Store(false)
+	// The held message's call hangs; the later ones queue behind it.
+	if err := e.write(ctx, topic, held); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hang.entered:
+	case <-ctx.Done():
+		t.Fatal("the held message's call never started")
+	}
+	var later []string
+	for i := 2; i < 7; i++ {
+		m := keyedMsg("k", i)
+		later = append(later, m.UUID)
+		if err := e.write(ctx, topic, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // lets the stream bring them to the forwarder
+	if n, err := requeueAll(ctx, e.db, e.d); err != nil || n != 1 {
+		t.Fatalf("requeue: %d, %v", n, err)
+	}
+	time.Sleep(500 * time.Millisecond) // lets the stream bring the requeue
+	close(hang.release)
+	if err := col.WaitUUIDs(ctx, append([]string{poison.UUID, held.UUID}, later...), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := col.Get(poison.UUID)
+	for _, u := range later {
+		if r, _ := col.Get(u); r.Offset < first.Offset {
+			t.Fatalf("message %s of the key arrived (offset %d) before the requeued dead letter (offset %d)", r.Metadata["seq"], r.Offset, first.Offset)
+		}
+	}
+	e.waitDrained(t, ctx, false)
+}
+
+// TestCDCKeepForwarded: published rows move to the kept rows' table, not
+// deleted; unkeyed messages flow too.
 func TestCDCKeepForwarded(t *testing.T) {
 	e := newCDCEnv(t)
 	topic := testenv.UniqueName("cdc_")
 	k := testenv.StartKafka(t, topic)
 	col := k.Collect(t, topic)
 	ctx := testenv.Ctx(t, 2*time.Minute)
-	cfg := e.cfg
-	cfg.Publisher = k.KeyedPublisher(t)
+	cfg := e.with(func(s *cdc.Source) { s.CreateIfMissing = true })
+	cfg.Destination = k.KeyedPublisher(t)
 	cfg.KeepForwarded = true
-	cfg.CreateIfMissing = true
 	e.start(t, cfg)
 	var uuids []string
 	for i := range 50 {
@@ -686,8 +783,8 @@ func TestCDCKeepForwarded(t *testing.T) {
 	}
 	e.waitDrained(t, ctx, true)
 	var stamped int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.d.OutboxTable()+` WHERE published_at IS NOT NULL`).Scan(&stamped); err != nil || stamped != 50 {
-		t.Fatalf("stamped rows = %d, %v; want 50", stamped, err)
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.d.Tables()[6]).Scan(&stamped); err != nil || stamped != 50 {
+		t.Fatalf("kept rows = %d, %v; want 50", stamped, err)
 	}
 }
 
@@ -715,13 +812,11 @@ func TestCDCBacklogAtStart(t *testing.T) {
 		}
 	}
 	write(0, 100)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.setup(t, ctx)
 	write(100, 200)
 	cfg := e.cfg
 	cp := &countingPublisher{Publisher: k.KeyedPublisher(t), seen: map[string]int{}}
-	cfg.Publisher = cp
+	cfg.Destination = cp
 	e.start(t, cfg)
 	write(200, 300)
 	if err := col.WaitUUIDs(ctx, uuids, time.Minute); err != nil {
@@ -744,10 +839,10 @@ func TestCDCStartupErrors(t *testing.T) {
 	e := newCDCEnv(t)
 	ctx := testenv.Ctx(t, time.Minute)
 	cfg := e.cfg
-	cfg.Publisher = nopPublisher{}
+	cfg.Destination = nopPublisher{}
 
-	run := func(cfg cdc.Config) error {
-		f, err := cdc.New(cfg)
+	run := func(cfg forwarder.Config) error {
+		f, err := forwarder.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -791,17 +886,17 @@ func TestCDCStartupErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pool.Close()
-		c := cfg
-		c.ConnString, c.DB = u.String(), pgxv5.WrapPool(pool)
+		c := e.with(func(s *cdc.Source) { s.ConnString = u.String() })
+		c.Destination, c.DB = nopPublisher{}, pgxv5.WrapPool(pool)
 		err = run(c)
 		if !errors.Is(err, cdc.ErrNoReplicationRole) || !strings.Contains(err.Error(), "ALTER ROLE") {
 			t.Fatalf("err = %v", err)
 		}
 	})
 	t.Run("create if missing", func(t *testing.T) {
-		c := cfg
-		c.CreateIfMissing = true
-		f, err := cdc.New(c)
+		c := e.with(func(s *cdc.Source) { s.CreateIfMissing = true })
+		c.Destination = nopPublisher{}
+		f, err := forwarder.New(c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -815,13 +910,13 @@ func TestCDCStartupErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		var n int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, c.Slot).Scan(&n); err != nil || n != 1 {
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.src.Slot).Scan(&n); err != nil || n != 1 {
 			t.Fatalf("slot count = %d, %v", n, err)
 		}
-		if err := cdc.Drop(ctx, c); err != nil {
+		if err := cdc.Drop(ctx, e.db, e.d, e.src); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, c.Slot).Scan(&n); err != nil || n != 0 {
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.src.Slot).Scan(&n); err != nil || n != 0 {
 			t.Fatalf("slot count after Drop = %d, %v", n, err)
 		}
 	})
@@ -867,14 +962,12 @@ func TestCDCGauges(t *testing.T) {
 	k := testenv.StartKafka(t, topic)
 	col := k.Collect(t, topic)
 	ctx := testenv.Ctx(t, time.Minute)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.setup(t, ctx)
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	cfg := e.cfg
-	cfg.Publisher = k.KeyedPublisher(t)
+	cfg.Destination = k.KeyedPublisher(t)
 	cfg.Telemetry.MeterProvider = mp
 	f := e.start(t, cfg)
 	m := keyedMsg("k", 0)
@@ -884,7 +977,7 @@ func TestCDCGauges(t *testing.T) {
 	if err := col.WaitUUIDs(ctx, []string{m.UUID}, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for !f.Active() {
+	for len(f.Partitions()) == 0 {
 		time.Sleep(10 * time.Millisecond)
 	}
 	var rm metricdata.ResourceMetrics
@@ -897,13 +990,13 @@ func TestCDCGauges(t *testing.T) {
 			switch data := m.Data.(type) {
 			case metricdata.Gauge[int64]:
 				for _, p := range data.DataPoints {
-					if v, _ := p.Attributes.Value(cdc.AttrSlot); v.AsString() == e.cfg.Slot && p.Value >= 0 {
+					if v, _ := p.Attributes.Value(cdc.AttrSlot); v.AsString() == e.src.Slot && p.Value >= 0 {
 						seen[m.Name] = true
 					}
 				}
 			case metricdata.Gauge[float64]:
 				for _, p := range data.DataPoints {
-					if v, _ := p.Attributes.Value(cdc.AttrSlot); v.AsString() == e.cfg.Slot && p.Value >= 0 {
+					if v, _ := p.Attributes.Value(cdc.AttrSlot); v.AsString() == e.src.Slot && p.Value >= 0 {
 						seen[m.Name] = true
 					}
 				}
@@ -916,16 +1009,21 @@ func TestCDCGauges(t *testing.T) {
 }
 
 // hangingPublisher holds every call carrying one message until release is
-// closed.
+// closed; entered, when set, is closed when the first such call starts.
 type hangingPublisher struct {
 	message.Publisher
 	uuid    string
 	release chan struct{}
+	entered chan struct{}
+	once    sync.Once
 }
 
 func (p *hangingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		if m.UUID == p.uuid {
+			if p.entered != nil {
+				p.once.Do(func() { close(p.entered) })
+			}
 			<-p.release
 			break
 		}
@@ -943,9 +1041,7 @@ func TestCDCPublishTimeout(t *testing.T) {
 	k := testenv.StartKafka(t, topic)
 	col := k.Collect(t, topic)
 	ctx := testenv.Ctx(t, 2*time.Minute)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.setup(t, ctx)
 	stuck := keyedMsg("slow", 0)
 	pub := &hangingPublisher{Publisher: k.KeyedPublisher(t), uuid: stuck.UUID, release: make(chan struct{})}
 	released := false
@@ -956,7 +1052,7 @@ func TestCDCPublishTimeout(t *testing.T) {
 	})
 	var timeouts atomic.Int64
 	cfg := e.cfg
-	cfg.Publisher = pub
+	cfg.Destination = pub
 	cfg.Concurrency = 1
 	cfg.PublishTimeout = 200 * time.Millisecond
 	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 100*time.Millisecond
@@ -1010,21 +1106,14 @@ func TestCDCPublishTimeout(t *testing.T) {
 // TestCDCPartitionedOutbox: the time-partitioned outbox streams through
 // its root table (publish_via_partition_root).
 func TestCDCPartitionedOutbox(t *testing.T) {
-	pool := testenv.Postgres(t)
-	db := pgxv5.WrapPool(pool)
-	name := testenv.UniqueName("mbcdc_")
-	t.Cleanup(func() { dropSlot(t, pool, name) })
-	d := testenv.PostgresDialect(t, db, pool, postgres.Options{Partitioned: &postgres.PartitionOptions{}})
-	e := &cdcEnv{pool: pool, db: db, d: d, cfg: cdc.Config{ConnString: testenv.PostgresURL(), DB: db, Dialect: d, Slot: name, Publication: name}}
+	e := newCDCEnvWith(t, postgres.Options{Partitioned: &postgres.PartitionOptions{}})
 	topic := testenv.UniqueName("cdc_")
 	k := testenv.StartKafka(t, topic)
 	col := k.Collect(t, topic)
 	ctx := testenv.Ctx(t, 2*time.Minute)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.setup(t, ctx)
 	cfg := e.cfg
-	cfg.Publisher = k.KeyedPublisher(t)
+	cfg.Destination = k.KeyedPublisher(t)
 	e.start(t, cfg)
 	var uuids []string
 	for i := range 50 {
@@ -1064,11 +1153,9 @@ func TestCDCRabbitMQ(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	ctx := testenv.Ctx(t, 2*time.Minute)
-	if err := cdc.Setup(ctx, e.cfg); err != nil {
-		t.Fatal(err)
-	}
+	e.setup(t, ctx)
 	cfg := e.cfg
-	cfg.Publisher = pub
+	cfg.Destination = pub
 	e.start(t, cfg)
 	const keys, per = 50, 100
 	conformance.WriteKeyed(t, ctx, pgxSource(e.db), e.d, queue, keys, per, 10, 4)
@@ -1082,4 +1169,32 @@ func TestCDCRabbitMQ(t *testing.T) {
 		t.Fatalf("%d duplicates in a clean run", d)
 	}
 	e.waitDrained(t, ctx, false)
+}
+
+// cdcSource returns the change-data-capture source of d's outbox, one
+// slot per outbox, for the conformance suites: forwarders of one outbox
+// share its slot.
+func cdcSource(pool *pgxpool.Pool) func(t testing.TB, d sqladapters.Dialect) forwarder.Source {
+	var mu sync.Mutex
+	slots := map[sqladapters.Dialect]string{}
+	return func(t testing.TB, d sqladapters.Dialect) forwarder.Source {
+		mu.Lock()
+		defer mu.Unlock()
+		name, ok := slots[d]
+		if !ok {
+			name = testenv.UniqueName("mbcdc_")
+			slots[d] = name
+			t.Cleanup(func() { dropSlot(t, pool, name) })
+		}
+		return cdc.Source{ConnString: testenv.PostgresURL(), Slot: name, Publication: name, CreateIfMissing: true, StandbyRetry: 100 * time.Millisecond}
+	}
+}
+
+// The forwarder suite (its fault suite included) with the
+// change-data-capture source: every promise of the polling forwarder
+// holds for it too.
+func TestCDCForwarderConformance(t *testing.T) {
+	env := pgEnv(t)
+	env.ForwarderSource = cdcSource(testenv.Postgres(t))
+	conformance.Forwarder(t, env)
 }

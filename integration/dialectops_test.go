@@ -99,6 +99,14 @@ func (o *dialectOps) check(err error) {
 }
 
 // fail records a failed attempt and returns the rows it changed.
+// deadLetters returns up to 100 dead letters, in id order.
+func (o *dialectOps) deadLetters() []sqladapters.DeadLetter {
+	o.t.Helper()
+	dls, err := o.d.ListDeadLetters(o.ctx, o.db, sqladapters.DeadLetterQuery{Limit: 100})
+	o.check(err)
+	return dls
+}
+
 func (o *dialectOps) fail(f sqladapters.Failure) int64 {
 	o.t.Helper()
 	n, err := o.d.RecordFailure(o.ctx, o.db, f)

@@ -46,7 +46,7 @@ func TestForwarderRabbitMQ(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer col.Close()
-			conformance.StartForwarder(t, forwarder.Config{DB: db, Dialect: d, Publisher: tc.publisher(t)})
+			conformance.StartForwarder(t, forwarder.Config{DB: db, Dialect: d, Destination: tc.publisher(t), Logger: testenv.Logger(t)})
 			conformance.WriteKeyed(t, context.Background(), pgxSource(db), d, queue, tc.keys, tc.per, 10, 4)
 			if err := col.WaitN(context.Background(), tc.keys*tc.per, time.Minute); err != nil {
 				t.Fatal(err)

@@ -2,7 +2,9 @@ package integration_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/forwarder/kafkabatch"
@@ -24,6 +27,7 @@ import (
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
 	"github.com/millbox/millbox/sqladapters/sqlite"
+	"github.com/millbox/millbox/sqladapters/sqlite/modernc"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
@@ -92,11 +96,14 @@ func TestForwarderKafkaThreeInstances(t *testing.T) {
 			var fs []*forwarder.Forwarder
 			for range 3 {
 				fs = append(fs, conformance.StartForwarder(t, forwarder.Config{
-					DB: db, Dialect: d, Publisher: tc.pub(t, k),
-					LeaseTTL: 3 * time.Second, Partitions: 12,
+					DB:          db,
+					Dialect:     d,
+					Destination: tc.pub(t, k),
+					Logger:      testenv.Logger(t),
+					Source:      forwarder.Polling{LeaseTTL: 3 * time.Second, Partitions: 12},
 				}))
 			}
-			conformance.WaitSpread(t, fs, 12)
+			conformance.WaitOwned(t, fs, 12, true)
 
 			const keys, perKey = 200, 250
 			conformance.WriteKeyed(t, context.Background(), pgxSource(db), d, "orders", keys, perKey, 10, 8)
@@ -134,8 +141,13 @@ func TestForwarderKafkaOutage(t *testing.T) {
 	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
 	k := testenv.StartKafka(t, "outage")
 	conformance.StartForwarder(t, forwarder.Config{
-		DB: db, Dialect: d, Publisher: k.KeyedPublisher(t),
-		MinBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second, MaxAttempts: -1,
+		DB:          db,
+		Dialect:     d,
+		Destination: k.KeyedPublisher(t),
+		MinBackoff:  200 * time.Millisecond,
+		MaxBackoff:  2 * time.Second,
+		MaxAttempts: -1,
+		Logger:      testenv.Logger(t),
 	})
 	ctx := context.Background()
 	conformance.WriteKeyed(t, ctx, pgxSource(db), d, "outage", 20, 50, 10, 2)
@@ -186,8 +198,13 @@ func TestForwarderKafkaPoisonMessage(t *testing.T) {
 	// The batching publisher sends the poison message in one batch with
 	// others of its key; the forwarder must still blame the right row.
 	conformance.StartForwarder(t, forwarder.Config{
-		DB: db, Dialect: d, Publisher: batchPublisher(t, k),
-		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, MaxAttempts: 3,
+		DB:          db,
+		Dialect:     d,
+		Destination: batchPublisher(t, k),
+		MinBackoff:  50 * time.Millisecond,
+		MaxBackoff:  200 * time.Millisecond,
+		MaxAttempts: 3,
+		Logger:      testenv.Logger(t),
 	})
 	ctx := context.Background()
 	tx, err := db.Begin(ctx, sqlTxOptions)
@@ -207,7 +224,7 @@ func TestForwarderKafkaPoisonMessage(t *testing.T) {
 	rec.WaitFor(t, 200, time.Minute)
 	var dead []sqladapters.DeadLetter
 	for deadline := time.Now().Add(time.Minute); len(dead) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if dead, err = forwarder.DeadLetters(ctx, db, d, 0, 10); err != nil {
+		if dead, err = listDeadLetters(ctx, db, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -253,20 +270,32 @@ func crashDatabase(t *testing.T, name string) crashDB {
 	return crashDB{}
 }
 
-// childOutbox reopens, in the child process, the outbox crashDatabase made.
-func childOutbox(t *testing.T, name string) (sqladapters.DB, sqladapters.Dialect) {
+// childOutbox reopens, in the child process, the outbox crashDatabase
+// made; close closes the database.
+func childOutbox(ctx context.Context, name string) (db sqladapters.DB, d sqladapters.Dialect, close func(), err error) {
 	switch name {
 	case "postgres":
-		return pgxv5.WrapPool(testenv.Postgres(t)), postgres.MustNew(postgres.Options{Schema: os.Getenv("MILLBOX_CRASH_SCHEMA")})
+		pool, err := pgxpool.New(ctx, testenv.PostgresURL())
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return pgxv5.WrapPool(pool), postgres.MustNew(postgres.Options{Schema: os.Getenv("MILLBOX_CRASH_SCHEMA")}), pool.Close, nil
 	case "mysql":
-		return stdsql.WrapDB(testenv.MySQL(t)), mysql.MustNew(mysql.Options{
-			OutboxTable: os.Getenv("MILLBOX_CRASH_OUTBOX"), InboxTable: os.Getenv("MILLBOX_CRASH_INBOX")})
+		sqlDB, err := sql.Open("mysql", testenv.MySQLDSN())
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return stdsql.WrapDB(sqlDB), mysql.MustNew(mysql.Options{
+			OutboxTable: os.Getenv("MILLBOX_CRASH_OUTBOX"), InboxTable: os.Getenv("MILLBOX_CRASH_INBOX")}), func() { sqlDB.Close() }, nil
 	case "sqlite":
-		return stdsql.WrapDB(testenv.SQLite(t, os.Getenv("MILLBOX_CRASH_SQLITE"))), sqlite.MustNew(sqlite.Options{
-			OutboxTable: os.Getenv("MILLBOX_CRASH_OUTBOX"), InboxTable: os.Getenv("MILLBOX_CRASH_INBOX")})
+		sqlDB, err := modernc.Open(os.Getenv("MILLBOX_CRASH_SQLITE"), modernc.Config{})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return stdsql.WrapDB(sqlDB), sqlite.MustNew(sqlite.Options{
+			OutboxTable: os.Getenv("MILLBOX_CRASH_OUTBOX"), InboxTable: os.Getenv("MILLBOX_CRASH_INBOX")}), func() { sqlDB.Close() }, nil
 	}
-	t.Fatalf("unknown database %q", name)
-	return nil, nil
+	return nil, nil, nil, fmt.Errorf("unknown database %q", name)
 }
 
 // TestForwarderCrash kills forwarder processes with SIGKILL at random
@@ -274,9 +303,6 @@ func childOutbox(t *testing.T, name string) (sqladapters.DB, sqladapters.Dialect
 // first deliveries holds, and duplicates (batches in flight at a kill) are
 // counted. It runs on every database.
 func TestForwarderCrash(t *testing.T) {
-	if os.Getenv("MILLBOX_CRASH_CHILD") != "" {
-		t.Skip("child mode")
-	}
 	for _, name := range []string{"postgres", "mysql", "sqlite"} {
 		t.Run(name, func(t *testing.T) { testForwarderCrash(t, name) })
 	}
@@ -289,12 +315,13 @@ func testForwarderCrash(t *testing.T, name string) {
 	ctx := context.Background()
 
 	start := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestForwarderCrashChild$", "-test.v")
+		cmd := exec.Command(os.Args[0])
 		cmd.Env = append(append(os.Environ(),
-			"MILLBOX_CRASH_CHILD="+name,
+			crashChildEnv+"="+name,
 			"MILLBOX_CRASH_KAFKA="+k.Addr(),
 		), c.env...)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		out := testenv.LogWriter(t, "forwarder process: ")
+		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -330,26 +357,34 @@ func testForwarderCrash(t *testing.T, name string) {
 	}
 }
 
-// TestForwarderCrashChild is the forwarder process TestForwarderCrash
-// kills; it does nothing unless started by it.
-func TestForwarderCrashChild(t *testing.T) {
-	name := os.Getenv("MILLBOX_CRASH_CHILD")
-	if name == "" {
-		t.Skip("run by TestForwarderCrash")
-	}
-	db, d := childOutbox(t, name)
-	pub, err := testenv.NewKafkaPublisher([]string{os.Getenv("MILLBOX_CRASH_KAFKA")}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Publisher: pub, LeaseTTL: time.Second, PollInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+// crashChildEnv names the database of the forwarder process
+// TestForwarderCrash starts: TestMain runs forwarderCrashChild instead of
+// the tests when it is set.
+const crashChildEnv = "MILLBOX_CRASH_CHILD"
+
+// forwarderCrashChild is the forwarder process TestForwarderCrash kills.
+// It runs outside the testing framework, so that being killed, or stopped
+// with SIGTERM at the end, reports no test result of its own.
+func forwarderCrashChild(name string) error {
 	ctx, stop := signalContext()
 	defer stop()
-	if err := f.Run(ctx); err != nil {
-		t.Fatal(err)
+	db, d, closeDB, err := childOutbox(ctx, name)
+	if err != nil {
+		return err
 	}
-	_ = pub.Close()
+	defer closeDB()
+	pub, err := testenv.NewKafkaPublisher([]string{os.Getenv("MILLBOX_CRASH_KAFKA")}, true)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Destination: pub, PollInterval: 50 * time.Millisecond, Logger: logger, Source: forwarder.Polling{LeaseTTL: time.Second}})
+	if err != nil {
+		return err
+	}
+	if err := f.Run(ctx); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
 }

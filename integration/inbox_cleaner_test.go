@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/inbox"
+	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -60,7 +61,7 @@ SELECT 'billing', $1 || g, $2 FROM generate_series(1, $3::int) g`, prefix, at, n
 			}
 			insert("recent-", 5, now.Add(-10*time.Minute))
 			db := &statementCounter{DB: env.DB}
-			cl, err := inbox.NewCleaner(inbox.CleanerConfig{DB: db, Dialect: c.wrap(d), Retention: time.Hour, BatchSize: 10})
+			cl, err := inbox.NewCleaner(inbox.CleanerConfig{DB: db, Dialect: c.wrap(d), Retention: time.Hour, BatchSize: 10, Logger: testenv.Logger(t)})
 			if err != nil {
 				t.Fatal(err)
 			}

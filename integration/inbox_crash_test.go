@@ -42,7 +42,7 @@ func TestInboxCrashAfterCommit(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestInboxCrashChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), inboxCrashEnv+"=1", inboxCrashSchemaEnv+"="+f.schema(),
 		inboxCrashEffectsEnv+"="+f.EffectsTable, inboxCrashQueueEnv+"="+queue)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = testenv.LogWriter(t, "consumer process: ")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -112,8 +112,12 @@ func runInboxEndToEnd(t *testing.T, b inboxBroker) {
 	startForwarder := func() func() {
 		t.Helper()
 		fw, err := forwarder.New(forwarder.Config{
-			DB: f.DB, Dialect: f.Dialect, Publisher: dest,
-			MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+			DB:          f.DB,
+			Dialect:     f.Dialect,
+			Destination: dest,
+			MinBackoff:  10 * time.Millisecond,
+			MaxBackoff:  100 * time.Millisecond,
+			Logger:      testenv.Logger(t),
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -15,13 +15,16 @@ import (
 // rootModule is the module path of the library.
 const rootModule = "github.com/millbox/millbox"
 
-// develVersion is the version modules of this repository require each
-// other at; go.work (or a replace directive) provides the code.
+// develVersion is a version no proxy has: the user modules these tests
+// write require the repository's modules at it, and replace directives
+// provide the code. The repository's modules require each other at it
+// until the first release, then at the last release (.ci/release sets
+// it); go.work provides their code.
 const develVersion = "v0.0.0-00010101000000-000000000000"
 
 // forbiddenModules are the modules a user of the PostgreSQL outbox must
-// not get in the module graph: Kafka and AMQP clients and SQLite drivers,
-// which live in the submodules that need them.
+// not get in the module graph: Kafka, AMQP, NATS and Redis clients and
+// SQLite drivers, which live in the submodules that need them.
 var forbiddenModules = []string{
 	"github.com/IBM/sarama",
 	"github.com/Shopify/sarama",
@@ -30,10 +33,15 @@ var forbiddenModules = []string{
 	"github.com/ThreeDotsLabs/watermill-amqp",
 	"github.com/rabbitmq/amqp091-go",
 	"github.com/streadway/amqp",
+	"github.com/nats-io/",
+	"github.com/ThreeDotsLabs/watermill-nats",
+	"github.com/redis/go-redis",
+	"github.com/ThreeDotsLabs/watermill-redisstream",
 	"modernc.org/",
 	"github.com/mattn/go-sqlite3",
 	rootModule + "/forwarder/kafkabatch",
 	rootModule + "/forwarder/amqpbatch",
+	rootModule + "/forwarder/redisbatch",
 	rootModule + "/middleware/kafkaid",
 	rootModule + "/sqladapters/sqlite/modernc",
 }
@@ -69,7 +77,7 @@ func main() {
 		log.Fatal(err)
 	}
 	destination := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
-	fwd, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Publisher: destination})
+	fwd, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Destination: destination})
 	if err != nil {
 		log.Fatal(err)
 	}

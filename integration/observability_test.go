@@ -170,16 +170,12 @@ func outboxMetricsSuite(t *testing.T, env conformance.Env) {
 	if g = collectOutboxGauges(t, reader); g.pending != 0 || g.dead != 1 || g.age != 0 {
 		t.Fatalf("after draining: %+v", g)
 	}
-	stats, err := forwarder.ReadOutboxStats(ctx, env.DB, d)
+	stats, err := d.OutboxStats(ctx, env.DB)
 	if err != nil {
 		t.Fatal(err)
 	}
-	backlog, err := forwarder.OutboxBacklog(ctx, env.DB, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if stats.Backlog != backlog || stats.OldestPendingAge != 0 {
-		t.Fatalf("stats %+v disagree with backlog %+v", stats, backlog)
+	if stats != (sqladapters.OutboxStats{Dead: 1}) {
+		t.Fatalf("stats %+v disagree with the gauges, 1 dead and nothing pending", stats)
 	}
 
 	if err := unregister(); err != nil {
@@ -453,8 +449,10 @@ func TestTraceContinuesThroughBrokers(t *testing.T) {
 				r.AddMiddleware(inboxMW)
 			})
 			conformance.StartForwarder(t, forwarder.Config{
-				DB: env.DB, Dialect: d, Publisher: b.pub,
-				Telemetry: forwarder.Telemetry{TracerProvider: tp, MessagingSystem: c.name},
+				DB:          env.DB,
+				Dialect:     d,
+				Destination: b.pub,
+				Telemetry:   forwarder.Telemetry{TracerProvider: tp, MessagingSystem: c.name},
 			})
 
 			reqCtx, reqSpan := tp.Tracer("shop").Start(ctx, "POST /checkout")
@@ -631,7 +629,22 @@ var errTooLarge = errors.New("message too large")
 // and dead letters of their topic.
 func TestForwarderMetricsPostgres(t *testing.T) {
 	pool := testenv.Postgres(t)
-	env := pgDialectEnv(pool)
+	forwarderMetricsSuite(t, pgDialectEnv(pool), func(testing.TB, sqladapters.Dialect) forwarder.Source {
+		return forwarder.Polling{Partitions: 4}
+	}, 4)
+}
+
+// TestForwarderMetricsCDC is TestForwarderMetricsPostgres with the
+// change-data-capture source: the same instruments, the same counts (the
+// active reader holds the slot as one partition).
+func TestForwarderMetricsCDC(t *testing.T) {
+	pool := testenv.Postgres(t)
+	forwarderMetricsSuite(t, pgDialectEnv(pool), cdcSource(pool), 1)
+}
+
+// forwarderMetricsSuite checks the forwarder's instruments with the
+// source source returns; the running instance holds partitions of them.
+func forwarderMetricsSuite(t *testing.T, env conformance.Env, source func(testing.TB, sqladapters.Dialect) forwarder.Source, partitions int64) {
 
 	t.Run("drain", func(t *testing.T) {
 		ctx := testenv.Ctx(t, time.Minute)
@@ -654,10 +667,12 @@ func TestForwarderMetricsPostgres(t *testing.T) {
 		}
 
 		dest := conformance.NewRecorder()
-		const partitions = 4
 		conformance.StartForwarder(t, forwarder.Config{
-			DB: env.DB, Dialect: d, Publisher: dest, Partitions: partitions,
-			Telemetry: forwarder.Telemetry{MeterProvider: mp, MessagingSystem: "kafka"},
+			DB:          env.DB,
+			Dialect:     d,
+			Destination: dest,
+			Telemetry:   forwarder.Telemetry{MeterProvider: mp, MessagingSystem: "kafka"},
+			Source:      source(t, d),
 		})
 		dest.WaitFor(t, n, conformance.WaitTimeout)
 		conformance.WaitFor(t, "the outbox pending gauge to reach 0", func() bool {
@@ -710,10 +725,15 @@ func TestForwarderMetricsPostgres(t *testing.T) {
 		})
 		const maxAttempts = 3
 		conformance.StartForwarder(t, forwarder.Config{
-			DB: env.DB, Dialect: d, Publisher: dest,
-			MaxAttempts: maxAttempts, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+			DB:           env.DB,
+			Dialect:      d,
+			Destination:  dest,
+			MaxAttempts:  maxAttempts,
+			MinBackoff:   time.Millisecond,
+			MaxBackoff:   5 * time.Millisecond,
 			PollInterval: 20 * time.Millisecond,
 			Telemetry:    forwarder.Telemetry{MeterProvider: mp},
+			Source:       source(t, d),
 		})
 
 		// Two refused messages of two keys (too few to look like an
@@ -744,7 +764,7 @@ func TestForwarderMetricsPostgres(t *testing.T) {
 
 		dest.WaitFor(t, 2, conformance.WaitTimeout)
 		conformance.WaitFor(t, "two dead letters", func() bool {
-			dead, err := forwarder.DeadLetters(ctx, env.DB, d, 0, 10)
+			dead, err := listDeadLetters(ctx, env.DB, d)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -844,9 +864,14 @@ func TestReadinessPostgres(t *testing.T) {
 	d := env.NewDialect(t)
 	dest := conformance.NewRecorder()
 	cfg := forwarder.Config{
-		DB: env.DB, Dialect: d, Publisher: dest, Partitions: 4,
-		MaxAttempts: -1, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		DB:           env.DB,
+		Dialect:      d,
+		Destination:  dest,
+		MaxAttempts:  -1,
+		MinBackoff:   5 * time.Millisecond,
+		MaxBackoff:   20 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond,
+		Source:       forwarder.Polling{Partitions: 4},
 	}
 	const maxAge = 300 * time.Millisecond
 	src := &currentForwarder{}

@@ -250,6 +250,16 @@ func publishThroughOutage(t *testing.T, plan outagePlan, pub message.Publisher, 
 // per-key order holds, the forwarder resumes by itself, and it reads the
 // outbox only a few times while the broker is down.
 func TestOutageForwarderKafka(t *testing.T) {
+	outageForwarderKafka(t, nil)
+}
+
+// TestOutageForwarderKafkaCDC is TestOutageForwarderKafka with the
+// change-data-capture source.
+func TestOutageForwarderKafkaCDC(t *testing.T) {
+	outageForwarderKafka(t, cdcSource(testenv.Postgres(t)))
+}
+
+func outageForwarderKafka(t *testing.T, source func(testing.TB, sqladapters.Dialect) forwarder.Source) {
 	for _, tc := range []struct {
 		name string
 		pub  func(t *testing.T, k *testenv.Kafka) message.Publisher
@@ -260,7 +270,7 @@ func TestOutageForwarderKafka(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			k := testenv.StartKafka(t, "outage")
 			col := k.Collect(t, "outage")
-			forwardThroughOutage(t, planOutage(), tc.pub(t, k), "outage", col.Collection, kafkaControl(k))
+			forwardThroughOutage(t, planOutage(), tc.pub(t, k), "outage", col.Collection, kafkaControl(k), source)
 		})
 	}
 }
@@ -287,25 +297,36 @@ func TestOutageForwarderRabbitMQ(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			queue := testenv.AMQPQueue(t)
 			col := testenv.CollectAMQPAcrossRestarts(t, queue)
-			forwardThroughOutage(t, planOutage(), tc.pub(t), queue, col.Collection, rabbitControl())
+			forwardThroughOutage(t, planOutage(), tc.pub(t), queue, col.Collection, rabbitControl(), nil)
 		})
 	}
 }
 
-// forwardThroughOutage runs a forwarder from a Postgres outbox to pub
-// while a producer commits plan.messages keyed messages at plan.rate, stops
-// the broker once a quarter of them is written, restarts it after
-// plan.outage, and checks what arrived in col and how often the forwarder
-// read the outbox meanwhile.
-func forwardThroughOutage(t *testing.T, plan outagePlan, pub message.Publisher, topic string, col *testenv.Collection, broker brokerControl) {
+// forwardThroughOutage runs a forwarder from a Postgres outbox to pub,
+// with the source source returns (nil: Polling), while a producer commits
+// plan.messages keyed messages at plan.rate, stops the broker once a
+// quarter of them is written, restarts it after plan.outage, and checks
+// what arrived in col, how often the forwarder read the outbox meanwhile,
+// and that once the outage is known the destination gets one call at a
+// time.
+func forwardThroughOutage(t *testing.T, plan outagePlan, pub message.Publisher, topic string, col *testenv.Collection, broker brokerControl, source func(testing.TB, sqladapters.Dialect) forwarder.Source) {
 	pool := testenv.Postgres(t)
 	db := pgxv5.WrapPool(pool)
 	d := testenv.PostgresDialect(t, db, pool, postgres.Options{})
 	reads := countPendingReads(db, d)
-	conformance.StartForwarder(t, forwarder.Config{
-		DB: reads, Dialect: d, Publisher: pub,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, MaxAttempts: -1,
-	})
+	calls := &callRecorder{Publisher: pub}
+	cfg := forwarder.Config{
+		DB:          reads,
+		Dialect:     d,
+		Destination: calls,
+		MinBackoff:  100 * time.Millisecond,
+		MaxBackoff:  time.Second,
+		MaxAttempts: -1,
+	}
+	if source != nil {
+		cfg.Source = source(t, d)
+	}
+	conformance.StartForwarder(t, cfg)
 	ctx := testenv.Ctx(t, plan.wait+2*plan.outage+time.Duration(plan.messages/plan.rate)*time.Second)
 	stream := writeStream(ctx, db, d, topic, plan)
 
@@ -319,6 +340,16 @@ func forwardThroughOutage(t *testing.T, plan outagePlan, pub message.Publisher, 
 	down, downFor := reads.n.Load()-before, time.Since(start)
 	broker.restart(t)
 	restarted := time.Now()
+	// Once a call has failed for the outage, the forwarder probes with one
+	// call at a time. (A client that waits for its broker instead of
+	// failing, as kafkabatch does up to its DeliveryTimeout, makes no
+	// such failure in a short outage: its calls hang, and the reads
+	// counted above stay few.)
+	if failedAt, ok := firstFailure(calls.spans(), start); ok {
+		if _, n, _ := probeStats(calls.spans(), failedAt, restarted); n > 1 {
+			t.Errorf("%d calls of the destination at once after one had failed for the outage; want one probe at a time", n)
+		}
+	}
 
 	<-stream.done
 	if stream.err != nil {
@@ -333,13 +364,27 @@ func forwardThroughOutage(t *testing.T, plan outagePlan, pub message.Publisher, 
 	t.Logf("%d messages, %d keys, %d/s, broker down %v: all delivered in order %v after the restart, %d duplicates; pending reads: %d while down, %d in all",
 		plan.messages, plan.keys, plan.rate, downFor.Round(100*time.Millisecond), time.Since(restarted).Round(100*time.Millisecond),
 		col.Duplicates(), down, reads.n.Load())
-	if reads.n.Load() == 0 {
+	if source == nil && reads.n.Load() == 0 {
+		// The polling source reads all along; the change-data-capture
+		// source reads the table only for keys that failed.
 		t.Fatal("no pending read was counted: the forwarder reads with a statement the counter does not know")
 	}
 	if down > maxPendingReadsDown {
 		t.Fatalf("the forwarder read the outbox %d times while the broker was down (%v); it should pause behind a probe (at most %d reads)",
 			down, downFor.Round(100*time.Millisecond), maxPendingReadsDown)
 	}
+}
+
+// firstFailure returns when the first call that started after from and
+// failed ended.
+func firstFailure(calls []callSpan, from time.Time) (time.Time, bool) {
+	var first time.Time
+	for _, c := range calls {
+		if c.err != nil && !c.start.Before(from) && (first.IsZero() || c.end.Before(first)) {
+			first = c.end
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // stream is a producer committing keyed messages at a steady rate.

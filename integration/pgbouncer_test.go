@@ -83,7 +83,7 @@ func TestPgBouncer(t *testing.T) {
 	t.Run("NotifyDirectListener", func(t *testing.T) {
 		o := newPgbOutbox(t, direct, bouncer, true)
 		db := pgxv5.WrapPool(bouncer, pgxv5.ListenOn(testenv.PostgresURL()))
-		run := o.forward(t, db, forwarder.Config{NotifyProbeInterval: 50 * time.Millisecond})
+		run := o.forward(t, db, forwarder.Config{Source: forwarder.Polling{NotifyProbeInterval: 50 * time.Millisecond}})
 		o.produce(t, 300, 8, 2*time.Millisecond)
 		o.wait(t, 300)
 		run.stop(t)
@@ -99,7 +99,7 @@ func TestPgBouncer(t *testing.T) {
 		// The forwarder's own pool goes to Postgres directly: its
 		// listener takes a connection from it, and that works.
 		o := newPgbOutbox(t, direct, bouncer, true)
-		run := o.forward(t, pgxv5.WrapPool(direct), forwarder.Config{NotifyProbeInterval: 50 * time.Millisecond})
+		run := o.forward(t, pgxv5.WrapPool(direct), forwarder.Config{Source: forwarder.Polling{NotifyProbeInterval: 50 * time.Millisecond}})
 		o.produce(t, 100, 8, 2*time.Millisecond)
 		o.wait(t, 100)
 		run.stop(t)
@@ -156,7 +156,7 @@ func TestPgBouncerLostNotificationsFallBack(t *testing.T) {
 	db := &deafDB{DB: pgxv5.WrapPool(bouncer, pgxv5.ListenOn(testenv.PostgresURL()))}
 	db.deaf.Store(true)
 	const bound = time.Second
-	run := o.forward(t, db, forwarder.Config{PollInterval: time.Minute, NotifyProbeInterval: 100 * time.Millisecond})
+	run := o.forward(t, db, forwarder.Config{PollInterval: time.Minute, Source: forwarder.Polling{NotifyProbeInterval: 100 * time.Millisecond}})
 	run.waitLost(t)
 	o.produce(t, 60, 5, 50*time.Millisecond) // spans more than one attempt to listen
 	o.wait(t, 60)
@@ -338,7 +338,7 @@ type pgbRun struct {
 func (o *pgbOutbox) forward(t *testing.T, db sqladapters.DB, cfg forwarder.Config) *pgbRun {
 	t.Helper()
 	r := &pgbRun{logs: &logRecorder{}, done: make(chan error, 1)}
-	cfg.DB, cfg.Dialect, cfg.Publisher, cfg.Logger = db, o.d, o.kafka.KeyedPublisher(t), r.logs
+	cfg.DB, cfg.Dialect, cfg.Destination, cfg.Logger = db, o.d, o.kafka.KeyedPublisher(t), r.logs
 	cfg.Hooks.OnError = func(err error) {
 		if errors.Is(err, forwarder.ErrNotificationsLost) {
 			r.lost.Add(1)

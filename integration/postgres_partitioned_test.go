@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millbox/millbox/forwarder"
@@ -94,26 +95,33 @@ func (p *pgPart) list() []postgres.PartitionInfo {
 	return parts
 }
 
-// insertAt writes one row created at created, dead or published when
-// asked, and returns the partition it landed in.
-func (p *pgPart) insertAt(created time.Time, dead, published bool) (int64, string) {
+// insertAt writes one pending row created at created and returns the
+// partition it landed in.
+func (p *pgPart) insertAt(created time.Time) (int64, string) {
 	p.t.Helper()
-	var deadAt, publishedAt *time.Time
-	if dead {
-		deadAt = &created
-	}
-	if published {
-		publishedAt = &created
-	}
 	var id int64
 	var part string
-	err := p.pool.QueryRow(p.ctx, `INSERT INTO `+p.d.OutboxTable()+` (topic, uuid, payload, created_at, dead_at, published_at)
-VALUES ('t', gen_random_uuid()::text, '', $1, $2, $3) RETURNING id, tableoid::regclass::text`,
-		created, deadAt, publishedAt).Scan(&id, &part)
+	err := p.pool.QueryRow(p.ctx, `INSERT INTO `+p.d.OutboxTable()+` (topic, uuid, payload, created_at)
+VALUES ('t', gen_random_uuid()::text, '', $1) RETURNING id, tableoid::regclass::text`, created).Scan(&id, &part)
 	if err != nil {
 		p.t.Fatal(err)
 	}
 	return id, strings.Trim(part[strings.LastIndex(part, ".")+1:], `"`)
+}
+
+// partitionOf returns the partition of table holding row id, "" when
+// there is no such row.
+func (p *pgPart) partitionOf(table string, id int64) string {
+	p.t.Helper()
+	var part string
+	err := p.pool.QueryRow(p.ctx, `SELECT tableoid::regclass::text FROM `+table+` WHERE id = $1`, id).Scan(&part)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ""
+	}
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return strings.Trim(part[strings.LastIndex(part, ".")+1:], `"`)
 }
 
 func partitionNames(parts []postgres.PartitionInfo) []string {
@@ -232,9 +240,11 @@ FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2`, d.
 	return s
 }
 
-// TestPostgresPartitionRetention keeps partitions holding pending or dead
-// rows past retention, drops the others, and drops the kept ones once
-// their rows are gone.
+// TestPostgresPartitionRetention keeps partitions holding pending rows
+// past retention, drops the others with the kept rows of their ranges,
+// and drops the kept ones once their rows are gone. Dead letters live in
+// a table of their own and hold no partition back; requeued after their
+// range was dropped, they go to the default partition.
 func TestPostgresPartitionRetention(t *testing.T) {
 	p := newPgPart(t, postgres.PartitionOptions{})
 	d := p.d
@@ -247,27 +257,33 @@ func TestPostgresPartitionRetention(t *testing.T) {
 	day := func(i int) time.Time {
 		return old.Truncate(24 * time.Hour).Add(time.Duration(i)*24*time.Hour + time.Hour)
 	}
-	pendingID, part := p.insertAt(day(0), false, false)
+	pendingID, part := p.insertAt(day(0))
 	if part != dayName(d, day(0)) {
 		t.Fatalf("row of %v landed in %s", day(0), part)
 	}
-	deadID, _ := p.insertAt(day(1), true, false)
-	p.insertAt(day(2), false, true) // forwarded and kept
+	deadID, _ := p.insertAt(day(1))
+	if _, err := d.RecordFailure(p.ctx, p.db, sqladapters.Failure{ID: deadID, Attempts: 3, Error: "x", Dead: true}); err != nil {
+		t.Fatal(err)
+	}
+	keptID, _ := p.insertAt(day(2))
+	if _, err := d.CompleteForwarded(p.ctx, p.db, []int64{keptID}, true); err != nil {
+		t.Fatal(err)
+	}
+	kept := d.Tables()[6]
+	wantPart := d.Options().OutboxTable + day(2).UTC().Truncate(24*time.Hour).Format("_k20060102_1504")
+	if got := p.partitionOf(kept, keptID); got != wantPart {
+		t.Fatalf("the kept row is in %q, want the kept partition of its range %s", got, wantPart)
+	}
 	// day 3 stays empty.
 
 	rep = p.maintain(now)
-	wantDropped := []string{dayName(d, day(2)), dayName(d, day(3))}
-	wantKept := []string{dayName(d, day(0)), dayName(d, day(1))}
+	wantDropped := []string{dayName(d, day(1)), dayName(d, day(2)), dayName(d, day(3))}
+	wantKept := []string{dayName(d, day(0))}
 	if got := rangeNames(rep.Dropped); !slices.Equal(got, wantDropped) {
 		t.Fatalf("dropped %v, want %v (report %+v)", got, wantDropped, rep)
 	}
-	if got := keptNames(rep.Kept); !slices.Equal(got, wantKept) {
-		t.Fatalf("kept %v, want %v", got, wantKept)
-	}
-	for _, k := range rep.Kept {
-		if k.Pending+k.Dead != 1 || (k.Name == wantKept[0]) != (k.Pending == 1) {
-			t.Fatalf("kept %+v", k)
-		}
+	if got := keptNames(rep.Kept); !slices.Equal(got, wantKept) || rep.Kept[0].Pending != 1 {
+		t.Fatalf("kept %+v, want %v with its pending row", rep.Kept, wantKept)
 	}
 	listed := partitionNames(p.list())
 	for _, n := range wantDropped {
@@ -275,12 +291,22 @@ func TestPostgresPartitionRetention(t *testing.T) {
 			t.Fatalf("%s still listed: %v", n, listed)
 		}
 	}
-	var pending, dead int64
+	var pending int64
 	for _, pi := range p.list() {
-		pending, dead = pending+pi.Pending, dead+pi.Dead
+		pending += pi.Pending
 	}
-	if pending != 1 || dead != 1 {
-		t.Fatalf("listed %d pending and %d dead rows, want 1 and 1", pending, dead)
+	if pending != 1 {
+		t.Fatalf("listed %d pending rows, want 1", pending)
+	}
+	if got := p.partitionOf(kept, keptID); got != "" {
+		t.Fatalf("the kept row of a dropped range is still in %s", got)
+	}
+	var keptParts int
+	if err := p.pool.QueryRow(p.ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, kept).Scan(&keptParts); err != nil || keptParts != len(listed) {
+		t.Fatalf("%d kept partitions, %v; want one per outbox partition (%d)", keptParts, err, len(listed))
+	}
+	if n, err := d.CountDeadLetters(p.ctx, p.db, sqladapters.DeadLetterFilter{}); err != nil || n != 1 {
+		t.Fatalf("dead letters after retention: %d, %v; want the one", n, err)
 	}
 
 	// Idempotent.
@@ -289,15 +315,15 @@ func TestPostgresPartitionRetention(t *testing.T) {
 		t.Fatalf("second run: %+v", rep)
 	}
 
-	// Once the rows are forwarded (the dead one after a requeue), the
-	// partitions go.
-	if _, err := d.RequeueDeadLetters(p.ctx, p.db, []int64{deadID}); err != nil {
-		t.Fatal(err)
+	// Requeued after its range was dropped, the dead letter waits in the
+	// default partition. Once the rows are forwarded the partition goes.
+	if n, err := d.RequeueDeadLetters(p.ctx, p.db, []int64{deadID}); err != nil || n != 1 {
+		t.Fatalf("requeue: %d, %v", n, err)
 	}
-	if _, err := d.CompleteForwarded(p.ctx, p.db, []int64{deadID}, true); err != nil {
-		t.Fatal(err)
+	if got := p.partitionOf(d.OutboxTable(), deadID); got != d.Options().OutboxTable+"_default" {
+		t.Fatalf("the requeued row is in %q, want the default partition", got)
 	}
-	if _, err := d.CompleteForwarded(p.ctx, p.db, []int64{pendingID}, false); err != nil {
+	if _, err := d.CompleteForwarded(p.ctx, p.db, []int64{deadID, pendingID}, false); err != nil {
 		t.Fatal(err)
 	}
 	rep = p.maintain(now)
@@ -373,7 +399,7 @@ func TestPostgresPartitionMaintenanceConcurrent(t *testing.T) {
 func TestPostgresPartitionDefaultCatchesStrays(t *testing.T) {
 	p := newPgPart(t, postgres.PartitionOptions{})
 	far := p.now().Add(60 * 24 * time.Hour)
-	_, part := p.insertAt(far, false, false)
+	_, part := p.insertAt(far)
 	if part != p.d.Options().OutboxTable+"_default" {
 		t.Fatalf("row without a partition landed in %s", part)
 	}
@@ -384,8 +410,12 @@ func TestPostgresPartitionDefaultCatchesStrays(t *testing.T) {
 
 	rec := conformance.NewRecorder()
 	conformance.StartForwarder(t, forwarder.Config{
-		DB: p.db, Dialect: p.d, Publisher: rec,
-		PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second, Partitions: 4,
+		DB:           p.db,
+		Dialect:      p.d,
+		Destination:  rec,
+		PollInterval: 50 * time.Millisecond,
+		Logger:       testenv.Logger(t),
+		Source:       forwarder.Polling{LeaseTTL: 2 * time.Second, Partitions: 4},
 	})
 	rec.WaitFor(t, 1, 20*time.Second)
 	conformance.WaitFor(t, "the stray row to be deleted", func() bool {

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,7 +53,11 @@ func upgradeFromVersion1(t *testing.T, o *dialectOps) {
 		sqladapters.OutboxMessage{UUID: "a2", Key: "a", KeyHash: 7},
 		sqladapters.OutboxMessage{UUID: "b1", Key: "b", KeyHash: 7},
 	)
-	o.fail(sqladapters.Failure{ID: ids[0], Attempts: 1, Error: "down", Backoff: time.Hour})
+	// A failure as version 1 records it, waiting for a retry until long
+	// after the test.
+	later := map[string]string{"postgres": `'2999-01-01 00:00:00+00'`, "mysql": `'2999-01-01 00:00:00'`, "sqlite": `'2999-01-01T00:00:00.000Z'`}[o.d.Name()]
+	o.exec(sqladapters.Query{SQL: `UPDATE ` + o.d.OutboxTable() + ` SET attempts = 1, last_error = 'down', next_attempt_at = ` + later +
+		` WHERE id = ` + strconv.FormatInt(ids[0], 10)})
 	if err := sqladapters.Migrate(o.ctx, o.db, o.d); err != nil {
 		t.Fatalf("upgrade: %v", err)
 	}
@@ -64,6 +69,15 @@ func upgradeFromVersion1(t *testing.T, o *dialectOps) {
 	if got := uuidsOf(o.pending(sqladapters.PendingQuery{})); got != "b1" {
 		t.Fatalf("after the upgrade, pending %s; want b1 alone", got)
 	}
+	// The failure recorded before has its error's fingerprint.
+	o.fail(sqladapters.Failure{ID: ids[0], Attempts: 2, Error: "down", Dead: true})
+	if dead := o.deadLetters(); len(dead) != 1 || dead[0].Fingerprint != sqladapters.FingerprintError("down") {
+		t.Fatalf("the dead letter after the upgrade: %+v", dead)
+	}
+	if n, err := o.d.RequeueDeadLetters(o.ctx, o.db, ids[:1]); err != nil || n != 1 {
+		t.Fatalf("requeue: %d, %v", n, err)
+	}
+	o.fail(sqladapters.Failure{ID: ids[0], Attempts: 1, Error: "down", Backoff: time.Hour})
 	// A key longer than any index entry backs off, is dead-lettered and
 	// holds back its later rows until then.
 	b := make([]byte, 70<<10)

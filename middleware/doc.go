@@ -17,14 +17,30 @@
 //     to handle;
 //   - success: commit; a failed commit is returned as an error (nack).
 //
-// Two deliveries of one message that overlap in time run the handler once:
-// the second waits on the first's inbox row and sees a duplicate once the
-// first commits.
+// # Guarantees
+//
+//   - Effectively once. The inbox row and the handler's writes commit in
+//     one transaction, so a redelivered message (a broker redelivery, a
+//     forwarder's duplicate, a consumer killed after its commit but before
+//     its ack) is acked without running the handler again.
+//   - Concurrent duplicates. Two deliveries of one message that overlap in
+//     time run the handler once: the second waits on the first's inbox row
+//     and sees a duplicate once the first commits. On PostgreSQL at
+//     REPEATABLE READ or SERIALIZABLE (InboxConfig.TxOptions) the second
+//     fails with a serialization error instead, and is redelivered and
+//     then skipped.
+//   - Within the retention. A duplicate that arrives after its inbox row
+//     was cleaned runs again: keep inbox.CleanerConfig.Retention (14 days
+//     by default) longer than the broker can redeliver (see package inbox).
 //
 // "Once" covers what the handler does in the transaction. An attempt that
 // fails is rolled back and runs again, so side effects outside the
 // transaction (HTTP calls, publishing straight to a broker) happen once per
 // attempt; make them idempotent or move them behind the outbox.
+//
+// Example_inboxMiddleware in package sqladapters/sqlite/modernc runs a
+// message delivered twice through the middleware on SQLite and shows its
+// handler's write made once.
 //
 // Each message in flight holds a database connection from begin to commit,
 // and so does a concurrent duplicate while it waits: size the pool for the

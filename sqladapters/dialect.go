@@ -8,7 +8,16 @@ import (
 
 // Dialect is millbox's store contract for one database: every operation
 // the outbox publisher, the forwarder, the inbox and the operations tools
-// run on the database. Each method executes its own SQL on the Executor or
+// run on the database.
+//
+// The outbox table holds only the rows that still have to go: pending rows
+// and rows waiting for a retry. Dead letters and the forwarded rows kept
+// for audit (forwarder.Config.KeepForwarded) live in tables of their own,
+// named after the outbox with the suffixes _dead and _kept, and move
+// between the tables in one transaction. So the insert in the application's
+// transaction maintains one index, the outbox's primary key, and the
+// forwarder reads pending rows through it without walking dead or kept
+// rows. Each method executes its own SQL on the Executor or
 // DB it is given, scans the rows, and maps the driver's errors to millbox's
 // (a missing table is a *MissingTableError that says how to migrate, a
 // unique-key violation wraps ErrDuplicate), so its callers never build SQL
@@ -41,6 +50,9 @@ type Dialect interface {
 
 	// Migrations lists the schema's migrations in version order.
 	Migrations() []Migration
+	// AppliedMigrations returns the versions Migrate recorded as applied,
+	// ascending; a *MissingTableError when it never ran.
+	AppliedMigrations(ctx context.Context, e Executor) ([]int, error)
 	// Migrate applies in tx those of migrations (in version order) that
 	// are not applied yet, and records them, under a lock that serializes
 	// concurrent migrators. Use the Migrate and MigrateTx functions, which
@@ -65,11 +77,14 @@ type Dialect interface {
 	// was full, which on some databases runs the read with settings for
 	// large tables (in a read-only transaction when e is a DB).
 	ReadPending(ctx context.Context, e Executor, q PendingQuery, backlog bool) ([]OutboxRow, error)
-	// CompleteForwarded removes published rows, or stamps them published
-	// when keep is true, and reports how many it changed.
+	// CompleteForwarded removes published rows from the outbox, or moves
+	// them to the table of forwarded rows kept for audit when keep is
+	// true, and reports how many it changed.
 	CompleteForwarded(ctx context.Context, e Executor, ids []int64, keep bool) (int64, error)
 	// RecordFailure stores a failed attempt and reports the rows changed
-	// (0 when the row is gone).
+	// (0 when the row is gone). A failure with Dead moves the row from the
+	// outbox to the dead letters' table, in one transaction (under a
+	// savepoint when e is a transaction).
 	RecordFailure(ctx context.Context, e Executor, f Failure) (int64, error)
 	// HighWaterMark returns a number that grows when a row is inserted
 	// (the position of the outbox's id sequence). It fails with
@@ -80,18 +95,22 @@ type Dialect interface {
 	// errors.ErrUnsupported where Features().Horizon is false, and where
 	// ids are not drawn in order (a sequence with CACHE above 1).
 	PendingHorizon(ctx context.Context, e Executor) (Horizon, error)
+	// Logical returns the statements of the change-data-capture source
+	// (forwarder/cdc), or nil where the database cannot stream its changes
+	// (Features().LogicalReplication is false).
+	Logical() Logical
 	// NotifyProbe notifies the outbox's channel, so that a listener can
 	// check that notifications arrive. It fails with
 	// errors.ErrUnsupported when NotifyChannel is "".
 	NotifyProbe(ctx context.Context, e Executor) error
-	// OutboxStats counts the pending and dead rows and, where the
-	// database can tell, the age of the oldest pending row.
+	// OutboxStats counts the pending rows and the dead letters and
+	// measures how long the oldest pending row has waited, in one cheap
+	// statement.
 	OutboxStats(ctx context.Context, e Executor) (OutboxStats, error)
-	// ListDeadLetters returns up to limit dead rows with id > afterID, in
-	// id order.
-	ListDeadLetters(ctx context.Context, e Executor, afterID int64, limit int) ([]DeadLetter, error)
-	// RequeueDeadLetters makes the given dead rows pending again with zero
-	// attempts (every dead row when ids is nil) and reports how many.
+	// RequeueDeadLetters moves the given dead letters back into the
+	// outbox, under their ids, pending with zero attempts and due now, and
+	// reports how many it moved. Their last error stays until they are
+	// published; the outbox records when they were requeued.
 	RequeueDeadLetters(ctx context.Context, e Executor, ids []int64) (int64, error)
 
 	// EnsurePartitions creates the lease rows 0..n-1 that are missing.
@@ -115,6 +134,48 @@ type Dialect interface {
 	// ReleasePartitions frees the given partitions of instance.
 	ReleasePartitions(ctx context.Context, e Executor, instance string, partitions []int) error
 
+	// CurrentSchema returns the schema (PostgreSQL) or database (MySQL)
+	// holding the tables: the configured one, or else the connection's
+	// current one, "" when it has none; "main" on SQLite. Tools name it in
+	// what they report.
+	CurrentSchema(ctx context.Context, e Executor) (string, error)
+	// TopicStats counts the rows of every topic, in topic order: pending,
+	// retrying, dead and kept rows and the oldest pending age.
+	TopicStats(ctx context.Context, e Executor) ([]TopicStats, error)
+	// InboxStats counts the inbox records of every consumer, in consumer
+	// order, with the age of the oldest.
+	InboxStats(ctx context.Context, e Executor) ([]ConsumerStats, error)
+	// PartitionLeases lists the partition leases in partition order, with
+	// their live owners.
+	PartitionLeases(ctx context.Context, e Executor) ([]PartitionLease, error)
+	// ListDeadLetters returns a page of the dead letters q selects, in id
+	// order, without payloads and metadata unless q.Payloads.
+	ListDeadLetters(ctx context.Context, e Executor, q DeadLetterQuery) ([]DeadLetter, error)
+	// DeadLetterIDs returns up to limit ids of the dead letters f selects
+	// with id > afterID, in id order.
+	DeadLetterIDs(ctx context.Context, e Executor, f DeadLetterFilter, afterID int64, limit int) ([]int64, error)
+	// CountDeadLetters counts the dead letters f selects.
+	CountDeadLetters(ctx context.Context, e Executor, f DeadLetterFilter) (int64, error)
+	// GroupDeadLetters groups the dead letters f selects by last error,
+	// most rows first, at most limit groups.
+	GroupDeadLetters(ctx context.Context, e Executor, f DeadLetterFilter, limit int) ([]ErrorGroup, error)
+	// DiscardDeadLetters deletes the given dead letters and reports how
+	// many; a row requeued meanwhile stays.
+	DiscardDeadLetters(ctx context.Context, e Executor, ids []int64) (int64, error)
+	// CountForwardedBefore counts the forwarded rows kept for audit that
+	// were published before t.
+	CountForwardedBefore(ctx context.Context, e Executor, t time.Time) (int64, error)
+	// ForwardedIDsBefore returns up to limit ids of forwarded rows
+	// published before t with id > afterID, in id order; delete them with
+	// DeleteForwarded.
+	ForwardedIDsBefore(ctx context.Context, e Executor, t time.Time, afterID int64, limit int) ([]int64, error)
+	// DeleteForwarded deletes the given forwarded rows kept for audit and
+	// reports how many.
+	DeleteForwarded(ctx context.Context, e Executor, ids []int64) (int64, error)
+	// CountInboxBefore counts the inbox records received before t; delete
+	// them with DeleteInbox.
+	CountInboxBefore(ctx context.Context, e Executor, t time.Time) (int64, error)
+
 	// RecordInbox records in tx that consumer processed messageID: true
 	// the first time, false for a duplicate. Under concurrency it waits
 	// for a transaction holding the same key and reports a duplicate if
@@ -131,20 +192,6 @@ type Dialect interface {
 	// walk the index entries of the rows deleted before it. Pass the zero
 	// time as from the first time.
 	DeleteInbox(ctx context.Context, e Executor, from, before time.Time, limit int) (n int64, next time.Time, err error)
-}
-
-// OutboxStats is the size of an outbox.
-type OutboxStats struct {
-	// Pending rows wait to be published, including rows waiting for a
-	// retry after a failure.
-	Pending int64
-	// Dead rows exhausted their attempts.
-	Dead int64
-	// OldestPendingAge is the age of the pending row with the lowest id
-	// by the database's clock (it stands in for the oldest row so that
-	// the age costs one index lookup), 0 when nothing is pending, and
-	// negative when the database cannot tell.
-	OldestPendingAge time.Duration
 }
 
 // BeginExecer is implemented by a DB that can begin a transaction and run
@@ -177,8 +224,11 @@ type Features struct {
 	ExcludeInSQL bool
 	// HighWaterMark is true when Dialect.HighWaterMark is supported: a
 	// forwarder without notifications then watches it every
-	// Config.WatchInterval and reads the outbox only when it moved.
+	// forwarder.Polling.WatchInterval and reads the outbox only when it moved.
 	HighWaterMark bool
+	// LogicalReplication is true when the outbox can be read through
+	// logical replication (PostgreSQL): Dialect.Logical is not nil.
+	LogicalReplication bool
 	// Horizon is true when Dialect.PendingHorizon is supported and the
 	// outbox insert takes its transaction id before the row's id (see
 	// Horizon). A forwarder then reads past the ids below the first
@@ -242,6 +292,10 @@ type OutboxRow struct {
 	Metadata []byte
 	Key      string
 	Attempts int
+	// KeyHash is the row's key_hash (see OutboxMessage.KeyHash): its
+	// forwarder partition is KeyHash modulo the number of partitions.
+	// Only ReadPending fills it in.
+	KeyHash int32
 	// Age is how old the row was when it was read (by the database's
 	// clock), where the database reports it; else zero.
 	Age time.Duration
@@ -257,7 +311,11 @@ type PendingQuery struct {
 	Exclude []int64
 	// After, when positive, leaves out rows with an id up to After.
 	After int64
-	Limit int
+	// SkipKeys lists ordering keys whose rows are left out: keys the
+	// forwarder holds back itself (a call that hangs), so that their
+	// backlog does not fill the read.
+	SkipKeys []string
+	Limit    int
 }
 
 // Failure records one failed publish of a row.
@@ -272,10 +330,14 @@ type Failure struct {
 	Dead bool
 }
 
-// DeadLetter is a row that exhausted its attempts.
+// DeadLetter is a row that exhausted its attempts. Its Payload and
+// Metadata are nil when it was listed without them (see DeadLetterQuery).
 type DeadLetter struct {
 	OutboxRow
 	LastError string
-	CreatedAt time.Time
-	DeadAt    time.Time
+	// Fingerprint is LastError's (see ErrorGroup), zero when the row was
+	// recorded without one.
+	Fingerprint ErrorFingerprint
+	CreatedAt   time.Time
+	DeadAt      time.Time
 }

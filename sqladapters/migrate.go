@@ -20,6 +20,26 @@ func Migrate(ctx context.Context, db DB, d Dialect) error {
 	if d == nil {
 		return errors.New("millbox: Migrate: nil Dialect")
 	}
+	for attempt := 1; ; attempt++ {
+		err := migrateOnce(ctx, db, d)
+		if err == nil || attempt == migrateAttempts || !errors.Is(d.ClassifyError(err), ErrDuplicate) {
+			return err
+		}
+	}
+}
+
+// migrateAttempts bounds the transactions Migrate runs when one fails with
+// a duplicate key (see migrateOnce).
+const migrateAttempts = 3
+
+// migrateOnce runs the migrations in a transaction of their own. Migrators
+// take the dialect's lock, so they run one after the other; but a
+// PostgreSQL session that looked a schema up before another migrator
+// created it may keep seeing it missing until its next transaction
+// (its catalog cache is refreshed when a transaction starts or a table is
+// locked, not when an advisory lock is granted), and then fails with a
+// duplicate key creating it again. The next attempt sees the schema.
+func migrateOnce(ctx context.Context, db DB, d Dialect) error {
 	tx, err := db.Begin(ctx, sql.TxOptions{})
 	if err != nil {
 		return fmt.Errorf("millbox: begin migration: %w", err)

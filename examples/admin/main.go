@@ -12,15 +12,25 @@
 //	go run ./examples/admin -db postgres    # PostgreSQL at $MILLBOX_POSTGRES_URL
 //	go run ./examples/admin -read-only      # the page without its buttons
 //
+// The page sits behind the application's login, as it must: it shows
+// payloads and errors, which may hold personal data. This example's login
+// is a stand-in (GET /login?as=operator or ?as=viewer sets a session
+// cookie); a real application uses its own. View lets any logged-in user
+// see the page, Authorize lets operators change it, and the form tokens
+// are bound to the login session. In production serve it over HTTPS (set
+// admin.Config.BehindTLSProxy when a proxy terminates TLS).
+//
 // It prints the page's address and serves until interrupted. With -short it
-// requeues the dead letter through the page's own form instead, waits for
-// its delivery and exits; the last line is a summary a script can check:
+// logs in as an operator and requeues the dead letter through the page's
+// own form instead, waits for its delivery and exits; the last line is a
+// summary a script can check:
 //
 //	published=5 dead_lettered=1 requeued=1 delivered=5 ok=true
 package main
 
 import (
 	"context"
+	crand "crypto/rand"
 	"database/sql"
 	"errors"
 	"flag"
@@ -111,22 +121,27 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer db.cleanup()
+	fmt.Println("millbox tables ready in", db.where)
 
-	// The admin page, mounted under /admin/ of the application's server.
-	// A real application puts it behind its login and lets Authorize
-	// check that the user is an operator; this one serves on loopback
-	// only and lets everybody change unless -read-only.
+	// The admin page, mounted under /admin/ of the application's server,
+	// behind its login: View asks for a logged-in user, Authorize for an
+	// operator, and the forms only work in the session they were shown
+	// in.
+	logins := &sessions{users: map[string]string{}}
 	page, err := admin.New(admin.Config{
-		DB:        db.db,
-		Dialect:   db.dialect,
-		Title:     "millbox example",
-		Authorize: func(*http.Request) bool { return !o.readOnly },
+		DB:            db.db,
+		Dialect:       db.dialect,
+		Title:         "millbox example",
+		View:          func(r *http.Request) bool { return logins.user(r) != "" },
+		Authorize:     func(r *http.Request) bool { return logins.user(r) == "operator" && !o.readOnly },
+		SessionCookie: sessionCookie,
 	})
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/admin/", http.StripPrefix("/admin", page))
+	mux.HandleFunc("GET /login", logins.login)
 	mux.Handle("/{$}", http.RedirectHandler("/admin/", http.StatusFound))
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
@@ -136,6 +151,7 @@ func run(ctx context.Context, o options) error {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	pageURL := "http://" + ln.Addr().String() + "/admin/"
+	fmt.Println("admin page:", pageURL, "(log in first:", strings.TrimSuffix(pageURL, "admin/")+"login?as=operator)")
 
 	// The destination is down for the poisoned message until it recovers.
 	dest := &destination{}
@@ -144,21 +160,21 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer func() { stopForwarder() }()
+	fmt.Println("forwarder running")
 
+	fmt.Printf("publishing %d events to %s; the destination refuses event %d until it recovers\n", messages, topic, poisoned)
 	if err := publish(ctx, db); err != nil {
 		return err
 	}
-	fmt.Printf("published %d events to %s; the destination refuses event %d until it recovers\n", messages, topic, poisoned)
 	if err := waitFor(ctx, o.timeout, "the refused event to be dead-lettered", func() bool {
-		b, err := forwarder.OutboxBacklog(ctx, db.db, db.dialect)
+		b, err := db.dialect.OutboxStats(ctx, db.db)
 		return err == nil && b.Pending == 0 && b.Dead == 1
 	}); err != nil {
 		return err
 	}
 	deadLettered := 1
 	dest.recover()
-	fmt.Printf("event %d is a dead letter; the destination has recovered\n", poisoned)
-	fmt.Println("admin page:", pageURL)
+	fmt.Printf("event %d is a dead letter after %d refused attempts; the destination has recovered\n", poisoned, dest.refusals())
 
 	var requeued int64
 	if o.short {
@@ -167,7 +183,12 @@ func run(ctx context.Context, o options) error {
 		}
 		fmt.Printf("requeued %d dead letter through the page\n", requeued)
 	} else {
-		fmt.Println("open it, find the dead letter by its error, and press Requeue; Ctrl-C stops")
+		fmt.Printf("open %s, find the dead letter by its error and press Requeue; Ctrl-C stops\n", pageURL)
+		go func() {
+			if waitFor(ctx, 24*time.Hour, "the requeued event", func() bool { return dest.delivered() == messages }) == nil {
+				fmt.Printf("event %d requeued and delivered; Ctrl-C stops\n", poisoned)
+			}
+		}()
 		<-ctx.Done()
 		if dest.delivered() == messages {
 			requeued = 1
@@ -188,30 +209,42 @@ func run(ctx context.Context, o options) error {
 	return nil
 }
 
-// requeueThroughPage does what an operator does in a browser: it opens the
-// page, which sets the form token cookie, and submits the Requeue form of
-// the first error group.
+// requeueThroughPage does what an operator does in a browser: it logs in,
+// opens the page, which sets the form token cookie, and submits the
+// Requeue form of the first error group.
 func requeueThroughPage(ctx context.Context, pageURL string) (int64, error) {
 	jar, _ := cookiejar.New(nil)
 	client := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	}}
+	login, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(pageURL, "admin/")+"login?as=operator", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := client.Do(login)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		return 0, fmt.Errorf("login answered %s", resp.Status)
+	}
 	body, err := get(ctx, client, pageURL)
 	if err != nil {
 		return 0, err
 	}
-	form := regexp.MustCompile(`<form method="post" action="\./requeue"><input type="hidden" name="token" value="([^"]+)"><input type="hidden" name="error" value="([^"]*)">`).
+	form := regexp.MustCompile(`<form method="post" action="\./requeue"><input type="hidden" name="token" value="([^"]+)"><input type="hidden" name="group" value="([0-9a-f]{32})">`).
 		FindStringSubmatch(body)
 	if form == nil {
 		return 0, errors.New("the page shows no Requeue button")
 	}
-	values := url.Values{"token": {html.UnescapeString(form[1])}, "error": {html.UnescapeString(form[2])}}
+	values := url.Values{"token": {html.UnescapeString(form[1])}, "group": {form[2]}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, pageURL+"requeue", strings.NewReader(values.Encode()))
 	if err != nil {
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := client.Do(req)
+	resp, err = client.Do(req)
 	if err != nil {
 		return 0, err
 	}
@@ -271,9 +304,9 @@ func publish(ctx context.Context, db *database) error {
 
 func mustForwarder(db *database, dest message.Publisher, logger watermill.LoggerAdapter) *forwarder.Forwarder {
 	fw, err := forwarder.New(forwarder.Config{
-		DB:        db.db,
-		Dialect:   db.dialect,
-		Publisher: dest,
+		DB:          db.db,
+		Dialect:     db.dialect,
+		Destination: dest,
 		// Give up quickly, so the example reaches its dead letter soon.
 		MaxAttempts:  3,
 		MinBackoff:   20 * time.Millisecond,
@@ -291,6 +324,7 @@ func mustForwarder(db *database, dest message.Publisher, logger watermill.Logger
 // until recover is called, and records every message it accepts.
 type destination struct {
 	recovered atomic.Bool
+	refused   atomic.Int64
 	mu        sync.Mutex
 	seen      map[string]bool
 }
@@ -298,6 +332,7 @@ type destination struct {
 func (d *destination) Publish(_ string, msgs ...*message.Message) error {
 	for _, m := range msgs {
 		if m.Metadata.Get("poisoned") == "true" && !d.recovered.Load() {
+			fmt.Printf("the destination refused event %d (attempt %d)\n", poisoned, d.refused.Add(1))
 			return errors.New(`payments-gateway: POST /v1/captures: 503 Service Unavailable: upstream "acquirer" timed out after 30s`)
 		}
 	}
@@ -315,6 +350,8 @@ func (d *destination) Publish(_ string, msgs ...*message.Message) error {
 func (d *destination) Close() error { return nil }
 
 func (d *destination) recover() { d.recovered.Store(true) }
+
+func (d *destination) refusals() int64 { return d.refused.Load() }
 
 func (d *destination) delivered() int {
 	d.mu.Lock()
@@ -342,6 +379,7 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, cond func(
 type database struct {
 	db      sqladapters.DB
 	dialect sqladapters.Dialect
+	where   string // the file or schema, for the reader
 	cleanup func()
 }
 
@@ -359,7 +397,7 @@ func openDatabase(ctx context.Context, kind string) (*database, error) {
 			pool.Close()
 			return nil, err
 		}
-		d = &database{db: pgxv5.WrapPool(pool), dialect: dialect, cleanup: func() {
+		d = &database{db: pgxv5.WrapPool(pool), dialect: dialect, where: "PostgreSQL schema " + schema, cleanup: func() {
 			_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`)
 			pool.Close()
 		}}
@@ -373,7 +411,7 @@ func openDatabase(ctx context.Context, kind string) (*database, error) {
 			os.RemoveAll(dir)
 			return nil, err
 		}
-		d = &database{db: stdsql.WrapDB(sqlDB), dialect: sqlite.MustNew(sqlite.Options{}), cleanup: func() {
+		d = &database{db: stdsql.WrapDB(sqlDB), dialect: sqlite.MustNew(sqlite.Options{}), where: "SQLite file " + filepath.Join(dir, "app.db"), cleanup: func() {
 			sqlDB.Close()
 			os.RemoveAll(dir)
 		}}
@@ -383,4 +421,42 @@ func openDatabase(ctx context.Context, kind string) (*database, error) {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	return d, nil
+}
+
+// sessionCookie is the example application's login cookie.
+const sessionCookie = "example_session"
+
+// sessions is a stand-in for the application's login: GET /login?as=NAME
+// starts a session as NAME (operator or viewer), with no password. A real
+// application has its own login; the admin page only asks it, through
+// View and Authorize, who the request comes from.
+type sessions struct {
+	mu    sync.Mutex
+	users map[string]string // session id to user
+}
+
+func (s *sessions) login(w http.ResponseWriter, r *http.Request) {
+	as := r.URL.Query().Get("as")
+	if as != "operator" && as != "viewer" {
+		http.Error(w, "log in with ?as=operator or ?as=viewer", http.StatusBadRequest)
+		return
+	}
+	id := crand.Text() // session ids must be unguessable
+	s.mu.Lock()
+	s.users[id] = as
+	s.mu.Unlock()
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, SameSite: http.SameSiteLaxMode})
+	w.Header().Set("Location", "/admin/")
+	w.WriteHeader(http.StatusSeeOther)
+}
+
+// user returns the user of the request's session, "" without one.
+func (s *sessions) user(r *http.Request) string {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.users[c.Value]
 }

@@ -93,22 +93,21 @@ func run(pgURL, brokers string, n, keys int) error {
 	}
 	defer sub.Close()
 
-	// Every instance runs the same configuration. Setup creates the
-	// publication and the slot once; Drop removes them, since an abandoned
-	// slot keeps every WAL segment from its position on.
-	cfg := cdc.Config{
+	// Every instance runs the same configuration: the forwarder with the
+	// change-data-capture source. Setup creates the publication and the
+	// slot once; Drop removes them, since an abandoned slot keeps every
+	// WAL segment from its position on.
+	src := cdc.Source{
 		ConnString:  pgURL,
-		DB:          db,
-		Dialect:     dialect,
-		Publisher:   pub,
 		Slot:        "millbox_example_" + suffix,
 		Publication: "millbox_example_" + suffix,
 	}
-	if err := cdc.Setup(ctx, cfg); err != nil {
+	cfg := forwarder.Config{DB: db, Dialect: dialect, Destination: pub, Source: src}
+	if err := cdc.Setup(ctx, db, dialect, src); err != nil {
 		return err
 	}
 	defer func() {
-		if err := cdc.Drop(context.WithoutCancel(ctx), cfg); err != nil {
+		if err := cdc.Drop(context.WithoutCancel(ctx), db, dialect, src); err != nil {
 			fmt.Fprintln(os.Stderr, "drop slot:", err)
 		}
 	}()
@@ -127,7 +126,7 @@ func run(pgURL, brokers string, n, keys int) error {
 		return err
 	}
 	defer stopSecond()
-	if second.Active() {
+	if active(second) {
 		return errors.New("the second instance should stand by while the first streams")
 	}
 
@@ -181,7 +180,7 @@ func run(pgURL, brokers string, n, keys int) error {
 		nextSeq[account] = seq + 1
 	}
 	fmt.Printf("streamed and read back %d events in %v\n", n, time.Since(start).Round(time.Millisecond))
-	tookOver := second.Active()
+	tookOver := active(second)
 	ok := inOrder && tookOver && len(nextSeq) == min(keys, n)
 	fmt.Printf("published=%d received=%d keys=%d in_order=%t took_over=%t ok=%t\n", n, len(seen), len(nextSeq), inOrder, tookOver, ok)
 	if !ok {
@@ -192,8 +191,8 @@ func run(pgURL, brokers string, n, keys int) error {
 
 // start runs one CDC forwarder instance and waits until it streams or
 // stands by.
-func start(ctx context.Context, cfg cdc.Config) (*cdc.Forwarder, func(), error) {
-	f, err := cdc.New(cfg)
+func start(ctx context.Context, cfg forwarder.Config) (*forwarder.Forwarder, func(), error) {
+	f, err := forwarder.New(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -209,17 +208,21 @@ func start(ctx context.Context, cfg cdc.Config) (*cdc.Forwarder, func(), error) 
 		}
 		stopped = true
 		_ = f.Close()
-		if err := <-done; err != nil && !errors.Is(err, cdc.ErrClosed) {
+		if err := <-done; err != nil && !errors.Is(err, forwarder.ErrClosed) {
 			fmt.Fprintln(os.Stderr, "cdc forwarder:", err)
 		}
 	}, nil
 }
 
 // waitActive waits until f streams from the slot.
-func waitActive(ctx context.Context, f *cdc.Forwarder) error {
+// active tells whether f is the reader streaming from the slot: it then
+// holds the slot's one partition.
+func active(f *forwarder.Forwarder) bool { return len(f.Partitions()) > 0 }
+
+func waitActive(ctx context.Context, f *forwarder.Forwarder) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	for !f.Active() {
+	for !active(f) {
 		select {
 		case <-ctx.Done():
 			return errors.New("the first instance did not take the slot within 30s")

@@ -118,8 +118,10 @@ func run(pgURL, brokers string, n int) error {
 	// The forwarder sends the service's outbox to Kafka.
 	var forwarded atomic.Int64
 	fw, err := forwarder.New(forwarder.Config{
-		DB: db, Dialect: dialect, Publisher: pub,
-		Hooks: forwarder.Hooks{OnBatch: func(s forwarder.BatchStats) { forwarded.Add(int64(s.Forwarded)) }},
+		DB:          db,
+		Dialect:     dialect,
+		Destination: pub,
+		Hooks:       forwarder.Hooks{OnBatch: func(s forwarder.BatchStats) { forwarded.Add(int64(s.Forwarded)) }},
 	})
 	if err != nil {
 		return err

@@ -218,7 +218,7 @@ func run(pgURL, brokers string, n int) error {
 	// The forwarder: outbox -> Kafka, through a publisher that sends
 	// every tenth OrderPlaced twice.
 	dest := &duplicatingPublisher{Publisher: kafkaPub, name: marshaler.Name(&OrderPlaced{})}
-	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Publisher: dest})
+	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Destination: dest})
 	if err != nil {
 		return err
 	}

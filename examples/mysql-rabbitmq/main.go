@@ -136,7 +136,7 @@ func run(dsn, amqpURL string, n int) error {
 	// MySQL has no notifications: a forwarder finds rows written by other
 	// processes by looking at the outbox's largest id every WatchInterval
 	// (default 5ms). Publishes from this process wake it at once.
-	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Publisher: pub})
+	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Destination: pub})
 	if err != nil {
 		return err
 	}

@@ -180,7 +180,7 @@ func run(ctx context.Context, o options) error {
 	fw, err := forwarder.New(forwarder.Config{
 		DB:          db.wrapped,
 		Dialect:     db.dialect,
-		Publisher:   dest,
+		Destination: dest,
 		MaxAttempts: 3,
 		MinBackoff:  20 * time.Millisecond,
 		MaxBackoff:  100 * time.Millisecond,
@@ -258,7 +258,7 @@ func run(ctx context.Context, o options) error {
 	}
 	deadline := time.Now().Add(o.timeout)
 	for {
-		stats, err := forwarder.ReadOutboxStats(ctx, db.wrapped, db.dialect)
+		stats, err := db.dialect.OutboxStats(ctx, db.wrapped)
 		if err != nil {
 			return err
 		}

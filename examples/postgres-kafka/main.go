@@ -113,7 +113,7 @@ func run(pgURL, brokers string, n, keys int) error {
 
 	// The forwarder publishes committed outbox rows to Kafka until Close;
 	// it would usually start with the application.
-	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Publisher: pub})
+	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Destination: pub})
 	if err != nil {
 		return err
 	}

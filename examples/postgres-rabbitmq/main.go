@@ -109,7 +109,7 @@ func run(pgURL, amqpURL string, n int) error {
 		return err
 	}
 
-	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Publisher: pub})
+	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Destination: pub})
 	if err != nil {
 		return err
 	}

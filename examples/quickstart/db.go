@@ -24,7 +24,7 @@ import (
 // database holds the orders and the millbox tables. The quickstart talks
 // to all three databases through database/sql, so one handler serves them
 // all. Forwarders in other processes find new rows within milliseconds by
-// watching the outbox's id sequence (forwarder.Config.WatchInterval).
+// watching the outbox's id sequence (forwarder.Polling.WatchInterval).
 type database struct {
 	name     string
 	sql      *sql.DB

@@ -298,10 +298,10 @@ func shipOrder(db *database) message.NoPublishHandlerFunc {
 // released for the next forwarder.
 func startForwarder(ctx context.Context, db *database, dest message.Publisher, logger watermill.LoggerAdapter) (stop func(), err error) {
 	fw, err := forwarder.New(forwarder.Config{
-		DB:        stdsql.WrapDB(db.sql),
-		Dialect:   db.dialect,
-		Publisher: dest,
-		Logger:    logger,
+		DB:          stdsql.WrapDB(db.sql),
+		Dialect:     db.dialect,
+		Destination: dest,
+		Logger:      logger,
 	})
 	if err != nil {
 		return nil, err

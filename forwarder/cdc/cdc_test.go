@@ -6,56 +6,37 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/mysql"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
-type nopDB struct{ sqladapters.DB }
-
-type nopPublisher struct{}
-
-func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
-func (nopPublisher) Close() error                              { return nil }
-
-func validConfig() Config {
-	return Config{
-		ConnString: "postgres://127.0.0.1/test",
-		DB:         nopDB{},
-		Dialect:    postgres.MustNew(postgres.Options{}),
-		Publisher:  nopPublisher{},
-	}
+func validSource() Source {
+	return Source{ConnString: "postgres://127.0.0.1/test"}
 }
 
-func TestNewRejectsBadConfig(t *testing.T) {
+func TestSourceRejectsBadConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		edit func(*Config)
+		edit func(*Source)
 		want string
 	}{
-		{"no conn string", func(c *Config) { c.ConnString = "" }, "ConnString"},
-		{"no db", func(c *Config) { c.DB = nil }, "Config.DB"},
-		{"no dialect", func(c *Config) { c.Dialect = nil }, "Config.Dialect"},
-		{"mysql", func(c *Config) { c.Dialect = mysql.MustNew(mysql.Options{}) }, "postgres"},
-		{"no publisher", func(c *Config) { c.Publisher = nil }, "Config.Publisher"},
-		{"slot injection", func(c *Config) { c.Slot = "x'; DROP TABLE t; --" }, "Config.Slot"},
-		{"slot upper case", func(c *Config) { c.Slot = "Slot" }, "Config.Slot"},
-		{"slot too long", func(c *Config) { c.Slot = strings.Repeat("s", 64) }, "Config.Slot"},
-		{"publication quote", func(c *Config) { c.Publication = `p"x` }, "Config.Publication"},
-		{"publication space", func(c *Config) { c.Publication = "p x" }, "Config.Publication"},
-		{"concurrency", func(c *Config) { c.Concurrency = -1 }, "Concurrency"},
-		{"publish batch", func(c *Config) { c.PublishBatch = 10001 }, "PublishBatch"},
-		{"status interval", func(c *Config) { c.StatusInterval = time.Minute }, "StatusInterval"},
-		{"backoff", func(c *Config) { c.MinBackoff, c.MaxBackoff = 2*time.Second, time.Second }, "MinBackoff"},
-		{"delete batch", func(c *Config) { c.DeleteBatch = -1 }, "DeleteBatch"},
+		{"no conn string", func(c *Source) { c.ConnString = "" }, "ConnString"},
+		{"slot injection", func(c *Source) { c.Slot = "x'; DROP TABLE t; --" }, "Source.Slot"},
+		{"slot upper case", func(c *Source) { c.Slot = "Slot" }, "Source.Slot"},
+		{"slot too long", func(c *Source) { c.Slot = strings.Repeat("s", 64) }, "Source.Slot"},
+		{"publication quote", func(c *Source) { c.Publication = `p"x` }, "Source.Publication"},
+		{"publication space", func(c *Source) { c.Publication = "p x" }, "Source.Publication"},
+		{"status interval", func(c *Source) { c.StatusInterval = time.Minute }, "StatusInterval"},
+		{"standby retry", func(c *Source) { c.StandbyRetry = time.Millisecond }, "StandbyRetry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := validConfig()
-			tc.edit(&cfg)
-			_, err := New(cfg)
+			src := validSource()
+			tc.edit(&src)
+			err := src.Validate()
 			if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sqladapters.ErrInvalidConfig) {
 				t.Fatalf("err = %v, want ErrInvalidConfig", err)
 			}
@@ -64,20 +45,25 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			}
 		})
 	}
-	if _, err := New(validConfig()); err != nil {
-		t.Fatalf("valid config: %v", err)
+	if err := validSource().Validate(); err != nil {
+		t.Fatalf("valid source: %v", err)
+	}
+	// A database that cannot stream its changes is refused by name.
+	_, err := validSource().Open(source.Env{Dialect: mysql.MustNew(mysql.Options{})})
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "mysql") {
+		t.Fatalf("mysql dialect: %v", err)
+	}
+	if _, err := validSource().Open(source.Env{Dialect: postgres.MustNew(postgres.Options{})}); err != nil {
+		t.Fatalf("postgres dialect: %v", err)
 	}
 }
 
 func TestDefaults(t *testing.T) {
-	f, err := New(validConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := f.cfg
-	if c.Slot != DefaultSlot || c.Publication != DefaultPublication || c.Concurrency != DefaultConcurrency ||
-		c.PublishBatch != DefaultPublishBatch || c.MaxAttempts != DefaultMaxAttempts || c.DeleteBatch != DefaultDeleteBatch {
-		t.Fatalf("defaults not applied: %+v", c)
+	src := Source{}
+	src.setDefaults()
+	if src.Slot != DefaultSlot || src.Publication != DefaultPublication || src.StandbyRetry != DefaultStandbyRetry ||
+		src.StatusInterval != DefaultStatusInterval {
+		t.Fatalf("defaults not applied: %+v", src)
 	}
 }
 
@@ -96,14 +82,6 @@ func TestPrecedesWraps(t *testing.T) {
 	}
 }
 
-func TestTextArrayQuotes(t *testing.T) {
-	got := textArray([]string{`a`, `b"c`, `d\e`, `{x,y}`, ``})
-	want := `{"a","b\"c","d\\e","{x,y}",""}`
-	if got != want {
-		t.Fatalf("textArray = %s, want %s", got, want)
-	}
-}
-
 func tuple(cols ...*pglogrepl.TupleDataColumn) *pglogrepl.TupleData {
 	return &pglogrepl.TupleData{ColumnNum: uint16(len(cols)), Columns: cols}
 }
@@ -116,18 +94,17 @@ func null() *pglogrepl.TupleDataColumn {
 	return &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
 }
 
-func toast() *pglogrepl.TupleDataColumn {
-	return &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeToast}
-}
-
 // outboxRelation is the relation message of the outbox's columns.
 func outboxRelation(t *testing.T) *relation {
-	r := &reader{table: names{table: "millbox_outbox"}}
+	r := &reader{oid: 16384}
 	var cols []*pglogrepl.RelationMessageColumn
-	for _, n := range []string{"id", "topic", "uuid", "payload", "metadata", "key", "key_hash", "created_at", "attempts", "last_error", "next_attempt_at", "dead_at", "published_at"} {
+	for _, n := range []string{"id", "topic", "uuid", "payload", "metadata", "key", "key_hash", "created_at", "attempts", "last_error", "next_attempt_at", "dead_at", "published_at", "error_fp", "requeued_at"} {
 		cols = append(cols, &pglogrepl.RelationMessageColumn{Name: n})
 	}
-	rel := r.relation(&pglogrepl.RelationMessage{RelationName: "millbox_outbox", Columns: cols})
+	if other := r.relation(&pglogrepl.RelationMessage{RelationID: 16385, RelationName: "millbox_outbox", Columns: cols}); other.ours {
+		t.Fatal("a table of the same name under another oid is taken for the outbox")
+	}
+	rel := r.relation(&pglogrepl.RelationMessage{RelationID: 16384, RelationName: "millbox_outbox", Columns: cols})
 	if !rel.ours {
 		t.Fatal("the outbox relation is not recognized")
 	}
@@ -157,23 +134,17 @@ func TestDecodeRow(t *testing.T) {
 
 func TestDecodeRequeue(t *testing.T) {
 	rel := outboxRelation(t)
-	upd := func(key *pglogrepl.TupleDataColumn, attempts string, dead, pub *pglogrepl.TupleDataColumn) *pglogrepl.TupleData {
-		return tuple(text("9"), text("t"), text("u"), toast(), text("{}"), key, text("1"), text("x"), text(attempts), text("err"), text("x"), dead, pub)
+	insert := func(key, attempts, requeued *pglogrepl.TupleDataColumn) *pglogrepl.TupleData {
+		return tuple(text("9"), text("t"), text("u"), text(`\x41`), text("{}"), key, text("1"), text("x"), attempts, text("err"), text("x"),
+			null(), null(), text(`\x00`), requeued)
 	}
-	if rq, ok := decodeRequeue(rel, upd(text("k"), "0", null(), null())); !ok || rq.id != 9 || rq.key != "k" || !rq.keyed {
-		t.Fatalf("requeue = %+v, %v", rq, ok)
+	row, err := decodeRow(rel, insert(text("k"), text("0"), text("2026-01-01")))
+	if err != nil || !row.requeued || row.ID != 9 || row.Key != "k" || !row.keyed {
+		t.Fatalf("requeued row = %+v, %v", row, err)
 	}
-	if rq, ok := decodeRequeue(rel, upd(toast(), "0", null(), null())); !ok || !rq.keyUnknown {
-		t.Fatalf("requeue with a TOASTed key = %+v, %v", rq, ok)
-	}
-	for name, tup := range map[string]*pglogrepl.TupleData{
-		"failure record": upd(text("k"), "3", null(), null()),
-		"dead letter":    upd(text("k"), "0", text("now"), null()),
-		"published":      upd(text("k"), "0", null(), text("now")),
-	} {
-		if _, ok := decodeRequeue(rel, tup); ok {
-			t.Errorf("%s taken for a requeue", name)
-		}
+	row, err = decodeRow(rel, insert(text("k"), text("0"), null()))
+	if err != nil || row.requeued {
+		t.Fatalf("a new row taken for a requeue: %+v, %v", row, err)
 	}
 }
 

@@ -1,98 +1,170 @@
-// Package cdc is the change-data-capture mode of the outbox forwarder on
-// PostgreSQL: instead of polling the outbox table, it streams the table's
-// inserts from a publication through a logical replication slot (plugin
-// pgoutput) and publishes them to any Watermill message.Publisher, as the
-// same messages the polling forwarder sends (UUID, payload, metadata with
-// the ordering key). Batch publishers (forwarder/kafkabatch,
-// forwarder/amqpbatch) report partial deliveries with
-// forwarder.PartialError, as for the polling forwarder.
+// Package cdc is the change-data-capture source of the forwarder on
+// PostgreSQL: set a Source as forwarder.Config.Source and the forwarder,
+// instead of polling the outbox table, streams the table's inserts from a
+// publication through a logical replication slot (plugin pgoutput), and
+// the messages of publishers without a table (see below). It is
+// the same forwarder: the same lanes, breaker, retries, dead letters,
+// metrics, health and lifecycle as with forwarder.Polling, and the same
+// messages reach the destination.
+//
+//	fw, err := forwarder.New(forwarder.Config{
+//		DB:          pgxv5.WrapPool(pool),
+//		Dialect:     dialect,
+//		Destination: kafkaPublisher,
+//		Source:      cdc.Source{ConnString: url, CreateIfMissing: true},
+//	})
+//
+// # When to choose it
+//
+// Polling works on every database and needs no server settings; it finds
+// new rows within milliseconds by watching the outbox's id sequence. This
+// source gives a lower and steadier commit-to-publish latency under load
+// and reads nothing while the outbox is idle, at the price of a
+// replication slot to operate. Logical decoding reads the WAL of the whole
+// cluster: the delay from commit to the stream grows with the cluster's
+// total WAL volume and with large transactions committed just before (they
+// are decoded in full at their commit).
 //
 // # Setup
 //
 // The server needs wal_level = logical (ALTER SYSTEM SET wal_level =
 // logical, then a restart) and free max_replication_slots and
-// max_wal_senders; the role of Config.ConnString needs REPLICATION (ALTER
-// ROLE name REPLICATION). Setup creates the publication (inserts and
-// updates of the outbox table) and the slot; Drop removes them;
-// Config.CreateIfMissing makes Run create them. Run reports a missing
+// max_wal_senders; the role of Source.ConnString needs REPLICATION (ALTER
+// ROLE name REPLICATION). Setup creates the publication (inserts into
+// the outbox table) and the slot; Drop removes them;
+// Source.CreateIfMissing makes Run create them. Run reports a missing
 // setting, privilege, table, publication or slot at once, saying what to
-// change. A slot retains WAL from its confirmed position on: drop the slots
-// of outboxes no forwarder reads any more. MetricSlotLag and MetricSlotAge
-// report how far behind the slot is.
+// change, and Ready returns the same error. Slot and publication names
+// are plain lower-case identifiers; anything else is refused. The outbox
+// table, the outbox Publisher, dead letters and their requeue are the same
+// as with polling: an application switches sources by changing
+// forwarder.Config.Source alone.
 //
 // # Guarantees
 //
 //   - At least once, in commit order. The slot's confirmed position moves
 //     past a transaction only once every row of it, and of every earlier
-//     transaction, is done: acknowledged by the destination (Publish
-//     returned nil, or a forwarder.PartialError counted it), or left in
-//     the table to the polling path below after its failure was recorded
-//     or while its key is handed to polling. A restarted or new active
-//     reader resumes from there; rows after it may be published again.
-//     Published rows are then deleted in the background; a row whose
-//     delete is lost in a crash is still pending at the next start and is
-//     published again (a duplicate, never a loss).
-//   - Per-key order. A key's rows are published by one call at a time, in
-//     the order their transactions committed; while a key is handed to
-//     polling, in id order, as the polling forwarder does. Keys are
-//     independent; Concurrency bounds the calls in flight.
-//   - Failures hold back only their key. A failed row is recorded with the
-//     dialect's RecordFailure (attempts, last error, next attempt with
-//     exponential backoff, dead letter after MaxAttempts) and its key is
-//     handed to polling: the key's later rows stay in the table and a
-//     polling path publishes the key's pending rows in id order, honouring
-//     the backoff, passing over dead letters. A key goes back to the stream
-//     when a read of the table finds no pending row of it, nothing of it is
-//     in flight, every row the stream left to polling for it was visible to
-//     that read (its transaction ended before the read's snapshot), and the
-//     stream has passed the WAL position taken in that read: no row of the
-//     key committed before the read can then still come from the stream,
-//     so none is skipped and none published twice. When the destination
-//     itself is unavailable (forwarder.ErrDestinationUnavailable, a
-//     connection error) the rows are retried without counting attempts.
+//     transaction, is done: acknowledged by the destination, or left in the
+//     table to the polling path below. A restarted or new active reader
+//     resumes from there; rows after it may be published again. Published
+//     rows are then deleted; a row whose delete is lost in a crash is still
+//     pending at the next start and is published again (a duplicate, never
+//     a loss).
+//   - Per-key order. A key's rows are published one call at a time, in the
+//     order their transactions committed; while its key is handed to
+//     polling, in id order.
+//   - Failures hold back only their key. A failed row is recorded by the
+//     forwarder (attempts, last error, backoff, dead letter after
+//     MaxAttempts) and its key is handed to polling: the key's later rows
+//     stay in the table and a read of the handed keys publishes them in id
+//     order, honouring the backoff, passing over dead letters. A key goes
+//     back to the stream when a read of the table finds no pending row of
+//     it, the forwarder holds nothing of it, every row the stream left to
+//     polling for it was visible to that read, and the stream has passed
+//     the WAL position taken in that read: none is skipped and none
+//     published twice.
 //   - Backlogs and restarts. When a reader becomes active, every key with a
-//     pending row in the table starts handed to polling. Rows of the stream
-//     that a previous reader already published (committed before that read
-//     and no longer pending) are not published again.
-//   - Requeued dead letters. forwarder.RequeueDeadLetters makes rows
-//     pending again with an UPDATE; the stream sees it and hands the row's
-//     key to polling, which publishes it.
+//     pending row in the table starts handed to polling (rows written
+//     before the slot existed, rows a previous reader left). Rows of the
+//     stream that a previous reader already published are not published
+//     again.
+//   - Requeued dead letters. A requeue (sqladapters/ops) moves dead letters
+//     back into the outbox under their ids, with requeued_at set; the
+//     stream sees the insert and hands the row's key to polling, which
+//     publishes it ahead of the key's later rows.
+//   - Exactly once. With forwarder.Config.ExactlyOnce the outbox is one
+//     partition of transactions: a reader that becomes active claims it at
+//     the destination (fencing the previous reader) and removes the rows
+//     the last committed transaction published before its session reads
+//     the table; rows the stream replays from before that read go through
+//     the table and are published only if still pending. No row is then
+//     published twice, across crashes and a failover, nor by a reader that
+//     lost its connection during a call: the next reader's claim fences
+//     the call's transaction.
 //   - One active reader. Instances take a session advisory lock on their
 //     replication connection; the others stand by and try again every
 //     StandbyRetry. When the active process dies, its connection closes,
-//     the lock goes with it, and a standby starts streaming within seconds,
-//     retrying START_REPLICATION while the server still marks the slot
-//     active.
-//   - Table hygiene. Published rows are deleted in batches of at most
-//     DeleteBatch, or stamped published_at with KeepForwarded.
+//     the lock goes with it, and a standby starts streaming within seconds.
+//     Forwarder.Partitions reports partition 0 while an instance is the
+//     active reader.
 //
-// A Publish call that has not returned within PublishTimeout counts as a
-// failed attempt of its first row; its key is handed to polling and stays
-// held until the call returns, so a late success only produces a
-// duplicate. Close waits for calls in flight up to PublishTimeout and for
-// the deletes of published rows up to CloseTimeout; it does not wait for
-// calls that already passed PublishTimeout.
+// # The outbox without a table
+//
+// A publisher with forwarder.PublisherConfig.WithoutTable writes each
+// Publish call's messages as one logical decoding message
+// (pg_logical_emit_message) in the caller's transaction: it commits or
+// rolls back with the transaction, and the stream delivers it in commit
+// order, among the table's inserts, with pgoutput's messages option
+// (PostgreSQL 14 or later; the source asks for it there). The messages
+// take the same lanes, breaker and calls as rows of the table, and the
+// slot's confirmed position moves past their transaction only once each
+// is acknowledged or written into the table. Publishers with and without
+// a table may share the outbox and the forwarder.
+//
+//   - Failures go to the table. A message whose delivery fails is written
+//     into the outbox with its attempt (or into the dead letters), and its
+//     key is handed to polling; the key's later messages still in the
+//     forwarder, and those the stream brings while the key is handed, are
+//     written after it, in the order the stream brought them. From there
+//     the key's rows take the ordinary path in id order: retries with
+//     backoff, the dead letter after MaxAttempts, requeue. The table sees
+//     only failures.
+//   - Per-key order. A key's messages and rows reach the destination in
+//     commit order while it streams, and in id order while it is handed to
+//     polling, as rows of the table do.
+//   - At least once. A message is held only by the WAL until the slot
+//     confirms its transaction. A crash before then delivers it again
+//     (a duplicate) at the next start, and nothing tells a message the
+//     destination acknowledged from one it never saw: every unconfirmed
+//     message is delivered again. KeepForwarded writes delivered messages
+//     into the kept rows, as it keeps rows of the table.
+//
+// Messages in WAL that a dropped or invalidated slot no longer holds are
+// lost: there is no row to fall back on. Dropping the slot (Drop) while
+// publishers write without a table loses what it had not confirmed, and so
+// does a slot invalidated because it retained more than
+// max_slot_wal_keep_size. The guardrails: a publisher without a table
+// refuses to write (sqladapters.ErrEmitUnavailable) before PostgreSQL 14,
+// without wal_level logical, or where the database has no logical slot at
+// all; Run refuses to start without wal_level logical, and warns when
+// max_slot_wal_keep_size is unset (a slot left behind then fills the disk
+// instead). Set max_slot_wal_keep_size well above what the slot retains
+// while a forwarder catches up after its longest outage, alert on
+// MetricSlotLag (and MetricSlotAge) far below it, and never drop the slot
+// of an outbox whose publishers write without a table before they stopped
+// and the forwarder drained it. Publishers with a table lose nothing to an
+// invalidated slot: the next reader finds their rows in the table.
+//
+// # Operating the slot
+//
+// A slot retains every WAL segment from its confirmed position on: drop
+// the slots of outboxes no forwarder reads any more, and set
+// max_slot_wal_keep_size so that a slot left behind cannot fill the disk
+// (a slot that loses WAL it still needed is invalidated, and its rows are
+// then found only in the table, by the next reader's start; messages of
+// publishers without a table are lost, see above). MetricSlotLag and
+// MetricSlotAge report how far behind the slot is; alert on them.
 //
 // PostgreSQL waits, when it shuts down, until its replication clients have
-// confirmed everything it sent. The forwarder confirms as soon as rows are
+// confirmed everything it sent. The reader confirms as soon as rows are
 // acknowledged, and ends its session when the server reports that it is
 // shutting down (SQLSTATE 57P01, 57P03), so a restart is not held up; the
 // next session resumes from the slot.
 //
-// Logical decoding reads the WAL of the whole cluster, not only the outbox:
-// the delay from commit to the stream grows with the cluster's total WAL
-// volume and with large transactions committed just before (their changes
-// are decoded in full at their commit).
+// A reader that lost its connection while a call was in flight may overlap
+// for the length of that call with the next active reader, which can
+// publish the call's rows again (duplicates, as with the polling source's
+// lease expiry).
 //
-// Run checks the database and then returns nothing until it stops; Ready
-// returns once those checks passed, whether this instance then leads or
-// stands by (Active tells). A reader that lost its connection while a call was in flight may
-// overlap for the length of that call with the next active reader, which
-// can publish the call's rows again (duplicates, as with the polling
-// forwarder's lease expiry).
+// # Tests and measurements
 //
-// The polling forwarder (package forwarder) works on every database and
-// needs no server settings; choose this mode on PostgreSQL for lower
-// commit-to-publish latency without polling load, at the price of a
-// replication slot to operate.
+// The CDC tests of the integration module run the forwarder's conformance
+// and fault suites on this source, and stream 50,000 messages from
+// concurrent, out-of-order commits, kill the active reader with SIGKILL,
+// and cover a poison key, a hanging call, a backlog at start, startup
+// errors and the gauges. The benchmark program's cdc case (go run
+// ./integration/bench -case cdc) compares this source with polling, drain
+// and latency in one run; its README holds the results. examples/cdc runs
+// two instances, one streaming and one standing by, and takes the slot
+// over half way.
 package cdc

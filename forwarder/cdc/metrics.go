@@ -4,14 +4,12 @@ import (
 	"context"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-
-	"github.com/millbox/millbox/forwarder"
 )
 
-// Metric names of the gauges the active reader reports.
+// Metric names of the gauges the active reader reports, next to the
+// forwarder's own (forwarder.Metric...).
 const (
 	// MetricSlotLag is how many bytes of WAL the slot retains:
 	// pg_current_wal_lsn() - confirmed_flush_lsn.
@@ -25,12 +23,8 @@ const (
 
 // registerGauges registers the slot gauges; they report while this
 // instance is the active reader.
-func (f *Forwarder) registerGauges() (func(), error) {
-	mp := f.cfg.Telemetry.MeterProvider
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	meter := mp.Meter("github.com/millbox/millbox/forwarder/cdc")
+func (s *streamer) registerGauges() (func(), error) {
+	meter := s.env.Meter
 	lag, err := meter.Int64ObservableGauge(MetricSlotLag, metric.WithUnit("By"),
 		metric.WithDescription("WAL bytes the replication slot retains beyond its confirmed position"))
 	if err != nil {
@@ -41,36 +35,26 @@ func (f *Forwarder) registerGauges() (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	table := f.names.table
-	if f.names.schema != "" {
-		table = f.names.schema + "." + table
-	}
-	attrs := metric.WithAttributes(AttrSlot.String(f.cfg.Slot), forwarder.AttrOutboxTable.String(table))
+	attrs := metric.WithAttributes(append([]attribute.KeyValue{AttrSlot.String(s.cfg.Slot)}, s.env.Attrs...)...)
 	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		if !f.active.Load() {
+		if !s.active.Load() {
 			return nil
 		}
-		if oldest := f.oldest.Load(); oldest > 0 {
+		if oldest := s.oldest.Load(); oldest > 0 {
 			o.ObserveFloat64(age, max(time.Since(time.Unix(0, oldest)).Seconds(), 0), attrs)
 		} else {
 			o.ObserveFloat64(age, 0, attrs)
 		}
 		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		rows, err := f.cfg.DB.Query(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
-FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn IS NOT NULL`, f.cfg.Slot)
+		st, ok, err := s.lg.Slot(ctx, s.env.DB, s.cfg.Slot)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		if rows.Next() {
-			var v int64
-			if err := rows.Scan(&v); err != nil {
-				return err
-			}
-			o.ObserveInt64(lag, v, attrs)
+		if ok {
+			o.ObserveInt64(lag, st.Lag, attrs)
 		}
-		return rows.Err()
+		return nil
 	}, lag, age)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package cdc
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -14,25 +15,26 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/millbox/millbox/forwarder/internal/emit"
 	"github.com/millbox/millbox/sqladapters"
 )
 
-// streamRow is an outbox row decoded from the stream or read by the
-// polling path.
+// streamRow is an outbox row decoded from the stream, or a message of a
+// publisher without a table (emitted).
 type streamRow struct {
 	sqladapters.OutboxRow
-	keyed bool // Key holds an ordering key (else the row has none)
-	tx    *txn // the stream transaction it came in; nil when read by polling
-	done  bool // counted as done in tx
+	keyed    bool // Key holds an ordering key (else the row has none)
+	requeued bool // a dead letter moved back into the outbox (requeued_at is set)
+	emitted  bool // in no table; ID is the one it was emitted with
+	keyHash  int32
 }
 
-// requeue is an update that made a row pending again (a requeued dead
-// letter).
+// requeue is a dead letter moved back into the outbox: an insert under
+// its old id, which polling publishes ahead of its key's later rows.
 type requeue struct {
-	id         int64
-	key        string
-	keyed      bool
-	keyUnknown bool // the key was not in the update (an unchanged TOASTed value)
+	id    int64
+	key   string
+	keyed bool
 }
 
 // streamEvent is one committed transaction of the stream, or a keepalive
@@ -47,7 +49,7 @@ type streamEvent struct {
 
 // connect opens a replication connection and tries to take the
 // leadership lock on it; the lock lives as long as the connection.
-func connect(ctx context.Context, cfg *Config) (conn *pgconn.PgConn, leader bool, err error) {
+func connect(ctx context.Context, cfg *Source) (conn *pgconn.PgConn, leader bool, err error) {
 	pc, err := pgconn.ParseConfig(cfg.ConnString)
 	if err != nil {
 		return nil, false, fmt.Errorf("millbox cdc: parse Config.ConnString: %w", err)
@@ -74,11 +76,16 @@ func connect(ctx context.Context, cfg *Config) (conn *pgconn.PgConn, leader bool
 // startReplication starts streaming from the slot's confirmed position,
 // retrying while the slot is still held by a previous reader (whose
 // backend may take a moment to go after its connection died).
-func startReplication(ctx context.Context, conn *pgconn.PgConn, cfg *Config) error {
+func startReplication(ctx context.Context, conn *pgconn.PgConn, cfg *Source, messages bool) error {
+	args := []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'", "binary 'true'"}
+	if messages {
+		// The logical decoding messages of publishers without a table.
+		args = append(args, "messages 'true'")
+	}
 	for {
 		err := pglogrepl.StartReplication(ctx, conn, cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 			Mode:       pglogrepl.LogicalReplication,
-			PluginArgs: []string{"proto_version '1'", "publication_names '" + cfg.Publication + "'", "binary 'true'"},
+			PluginArgs: args,
 		})
 		if err == nil {
 			return nil
@@ -94,14 +101,16 @@ func startReplication(ctx context.Context, conn *pgconn.PgConn, cfg *Config) err
 	}
 }
 
-// reader decodes the stream into events and reports positions to the
-// server. It owns the connection while it runs.
+// reader decodes the stream into events for its session and reports
+// positions to the server. It owns the connection while it runs.
 type reader struct {
 	conn      *pgconn.PgConn
-	cfg       *Config
-	table     names
-	out       chan<- streamEvent
-	confirmed *atomic.Uint64 // set by the dispatcher
+	cfg       *Source
+	oid       uint32 // the outbox table
+	prefix    string // of its logical decoding messages
+	s         *streamer
+	sess      *session
+	confirmed *atomic.Uint64 // set by the session
 	received  pglogrepl.LSN
 
 	rel      map[uint32]*relation
@@ -112,8 +121,8 @@ type reader struct {
 
 // relation maps the outbox's columns to their positions.
 type relation struct {
-	ours                                                         bool
-	id, topic, uuid, payload, metadata, key, attempts, dead, pub int
+	ours                                                        bool
+	id, topic, uuid, payload, metadata, key, attempts, requeued int
 }
 
 func (r *reader) run(ctx context.Context) error {
@@ -160,14 +169,21 @@ func (r *reader) sendStatus() error {
 	return nil
 }
 
-// emit hands an event to the dispatcher, reporting status meanwhile: the
-// dispatcher may hold the stream back while it is full.
+// emit hands an event to the session through the engine's feed,
+// reporting status meanwhile: the engine holds the stream back while its
+// buffers are full.
 func (r *reader) emit(ctx context.Context, ev streamEvent) error {
+	s, sess := r.s, r.sess
+	fn := func() {
+		if s.sess == sess {
+			sess.onStream(ev)
+		}
+	}
 	for {
 		wait := time.Until(r.lastSent.Add(r.cfg.StatusInterval))
 		t := time.NewTimer(max(wait, 0))
 		select {
-		case r.out <- ev:
+		case s.feed <- fn:
 			t.Stop()
 			r.received = max(r.received, ev.end)
 			return nil
@@ -230,14 +246,30 @@ func (r *reader) onMessage(ctx context.Context, data []byte) error {
 		if err != nil {
 			return err
 		}
-		r.cur.rows = append(r.cur.rows, row)
-	case *pglogrepl.UpdateMessage:
-		rel := r.rel[m.RelationID]
-		if rel == nil || !rel.ours || m.NewTuple == nil {
-			return nil
+		if row.requeued {
+			r.cur.requeues = append(r.cur.requeues, requeue{id: row.ID, key: row.Key, keyed: row.keyed})
+		} else {
+			r.cur.rows = append(r.cur.rows, row)
 		}
-		if rq, ok := decodeRequeue(rel, m.NewTuple); ok {
-			r.cur.requeues = append(r.cur.requeues, rq)
+	case *pglogrepl.LogicalDecodingMessage:
+		if !m.Transactional || m.Prefix != r.prefix || !r.inTx {
+			return nil // another's, or not part of a transaction: never ours
+		}
+		// The content points into the connection's read buffer, which the
+		// next message overwrites: the messages keep a copy.
+		if r.cfg.TableOnly {
+			return fmt.Errorf("millbox cdc: at %v: a publisher without a table wrote to the outbox, but cdc.Source.TableOnly is set: unset it, or the key's order could not be kept", m.LSN)
+		}
+		msgs, err := emit.Decode(bytes.Clone(m.Content))
+		if err != nil {
+			// Skipping it would lose its messages; stop here, and say so
+			// at every start, until the forwarder can read it.
+			return fmt.Errorf("millbox cdc: at %v: %w", m.LSN, err)
+		}
+		for _, em := range msgs {
+			row := &streamRow{keyed: em.Key != "", emitted: true, keyHash: em.KeyHash}
+			row.ID, row.Topic, row.UUID, row.Payload, row.Metadata, row.Key = em.ID, em.Topic, em.UUID, em.Payload, em.Metadata, em.Key
+			r.cur.rows = append(r.cur.rows, row)
 		}
 	case *pglogrepl.CommitMessage:
 		r.inTx = false
@@ -250,7 +282,7 @@ func (r *reader) onMessage(ctx context.Context, data []byte) error {
 }
 
 func (r *reader) relation(m *pglogrepl.RelationMessage) *relation {
-	rel := &relation{id: -1, topic: -1, uuid: -1, payload: -1, metadata: -1, key: -1, attempts: -1, dead: -1, pub: -1}
+	rel := &relation{id: -1, topic: -1, uuid: -1, payload: -1, metadata: -1, key: -1, attempts: -1, requeued: -1}
 	for i, c := range m.Columns {
 		switch c.Name {
 		case "id":
@@ -267,14 +299,12 @@ func (r *reader) relation(m *pglogrepl.RelationMessage) *relation {
 			rel.key = i
 		case "attempts":
 			rel.attempts = i
-		case "dead_at":
-			rel.dead = i
-		case "published_at":
-			rel.pub = i
+		case "requeued_at":
+			rel.requeued = i
 		}
 	}
-	rel.ours = m.RelationName == r.table.table && rel.id >= 0 && rel.topic >= 0 && rel.uuid >= 0 &&
-		rel.payload >= 0 && rel.metadata >= 0 && rel.key >= 0 && rel.attempts >= 0 && rel.dead >= 0 && rel.pub >= 0
+	rel.ours = m.RelationID == r.oid && rel.id >= 0 && rel.topic >= 0 && rel.uuid >= 0 &&
+		rel.payload >= 0 && rel.metadata >= 0 && rel.key >= 0 && rel.attempts >= 0 && rel.requeued >= 0
 	return rel
 }
 
@@ -382,30 +412,6 @@ func decodeRow(rel *relation, t *pglogrepl.TupleData) (*streamRow, error) {
 	if row.Payload, ok = bytesOf(t, rel.payload); !ok {
 		return nil, fmt.Errorf("%w: payload of row %d is not bytea", errTuple, id)
 	}
+	row.requeued = column(t, rel.requeued) != nil && !isNull(t, rel.requeued)
 	return row, nil
-}
-
-// decodeRequeue recognizes an update that left the row pending with no
-// attempts: RequeueDeadLetters. Failure records (attempts > 0), published
-// stamps and dead-lettering leave it otherwise.
-func decodeRequeue(rel *relation, t *pglogrepl.TupleData) (requeue, bool) {
-	if !isNull(t, rel.dead) || !isNull(t, rel.pub) {
-		return requeue{}, false
-	}
-	if a, ok := intOf(t, rel.attempts); !ok || a != 0 {
-		return requeue{}, false
-	}
-	id, ok := intOf(t, rel.id)
-	if !ok {
-		return requeue{}, false
-	}
-	rq := requeue{id: id}
-	switch c := column(t, rel.key); {
-	case c == nil || c.DataType == pglogrepl.TupleDataTypeToast:
-		rq.keyUnknown = true
-	case c.DataType == pglogrepl.TupleDataTypeNull:
-	default:
-		rq.key, rq.keyed = string(c.Data), true
-	}
-	return rq, true
 }

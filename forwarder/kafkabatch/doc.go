@@ -62,6 +62,51 @@
 // errors) wrap forwarder.ErrDestinationUnavailable and say which of these
 // happened.
 //
+// # Exactly once
+//
+// TxPublisher publishes the forwarder's rows in Kafka transactions, for a
+// forwarder with forwarder.Config.ExactlyOnce; read_committed consumers
+// then see every outbox row exactly once (see the forwarder package doc,
+// Exactly once, for the whole argument and for the consumers' settings):
+//
+//	pub, err := kafkabatch.NewTxPublisher(kafkabatch.TxConfig{
+//		Config:          kafkabatch.Config{Brokers: brokers},
+//		TransactionalID: "orders-outbox", // unique per outbox
+//	})
+//	fw, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Destination: pub, ExactlyOnce: true})
+//
+// Each partition of the outbox a forwarder holds gets a transactional
+// producer of its own, with the transactional.id
+// TransactionalID-<partition>. Claiming a partition (ClaimPartition, when
+// the forwarder takes it) initializes that producer: the broker aborts the
+// transaction the previous holder has open and refuses any commit of it
+// afterwards. The claim then writes a mark to the control topic and reads
+// the partition's progress record with read_committed up to that mark:
+// every transaction of the partition that committed is visible by then.
+//
+// Each transaction writes the rows' messages (partitioned as the Publisher
+// does, so a key keeps its Kafka partition) and one progress record to
+// the control topic (TxConfig.ControlTopic, key TransactionalID/<partition>,
+// partition 0), which the forwarder reads back at the next claim. The
+// control topic must be compacted and nothing else: the forwarder's start
+// creates it so when it is missing and refuses one that is not
+// (cleanup.policy), since a progress record deleted by retention could
+// let a new holder publish rows again. It may be shared by several
+// outboxes; TransactionalID must be unique per outbox among everything
+// that uses the cluster.
+//
+// Outcomes: messages that cannot be produced (marshaling, a record larger
+// than a batch may be) fail their batch before the transaction begins;
+// records the broker refuses abort the transaction, and the batches of the
+// refused records are reported (forwarder.TxAbortedError), the forwarder
+// then sending the failing key alone until it knows the failing message. A
+// commit that returns an error, a produce refused because another holder
+// fenced this one, and a transaction that does not finish within
+// DeliveryTimeout close the partition's producer: its outcome is left to
+// the next claim. Brokers that refuse transactions (an ACL on
+// transactional ids, no transaction coordinator) fail the forwarder's
+// start, before anything is sent.
+//
 // This package is optional: it is the only part of millbox's library code
 // that imports a Kafka client, and a module of its own, so that the client
 // stays out of the module graph of applications that do not use it:

@@ -76,6 +76,10 @@ var _ message.Publisher = (*Publisher)(nil)
 // NewPublisher validates cfg and creates the Kafka client. It does not
 // contact the brokers: the first Publish does.
 func NewPublisher(cfg Config) (*Publisher, error) {
+	return newPublisher(cfg, kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a)))
+}
+
+func newPublisher(cfg Config, partitioner kgo.Partitioner) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: kafkabatch.Config.Brokers is required", sqladapters.ErrInvalidConfig)
 	}
@@ -91,15 +95,7 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		cfg.DeliveryTimeout = DefaultDeliveryTimeout
 	}
 	conns := &connState{}
-	opts := append([]kgo.Opt{
-		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.AllowIdempotentProduceCancellation(),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))),
-		kgo.AllowAutoTopicCreation(),
-		kgo.WithHooks(conns),
-	}, cfg.Options...)
-	client, err := kgo.NewClient(opts...)
+	client, err := kgo.NewClient(producerOptions(cfg, conns, partitioner, true)...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: kafkabatch: %w", sqladapters.ErrInvalidConfig, err)
 	}
@@ -117,6 +113,23 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	p.maxBufferedBytes, _ = client.OptValue(kgo.MaxBufferedBytes).(int64)
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p, nil
+}
+
+// producerOptions are the options of the publisher's clients; cancel
+// allows failing records in flight at their deadline, which transactional
+// producers may not.
+func producerOptions(cfg Config, conns *connState, partitioner kgo.Partitioner, cancel bool) []kgo.Opt {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(partitioner),
+		kgo.AllowAutoTopicCreation(),
+		kgo.WithHooks(conns),
+	}
+	if cancel {
+		opts = append(opts, kgo.AllowIdempotentProduceCancellation())
+	}
+	return append(opts, cfg.Options...)
 }
 
 func fnv32a(b []byte) uint32 {

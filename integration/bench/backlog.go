@@ -243,8 +243,11 @@ func (b *backlogBench) drain(ctx context.Context, n int) (drainResult, error) {
 	defer pool.Close()
 	dest := &firstPublisher{all: make(chan struct{}), want: int64(n)}
 	f, err := forwarder.New(forwarder.Config{
-		DB: pgxv5.WrapPool(pool), Dialect: b.d, Publisher: dest,
-		BatchSize: b.o.batch, Concurrency: b.o.concurrency,
+		DB:          pgxv5.WrapPool(pool),
+		Dialect:     b.d,
+		Destination: dest,
+		BatchSize:   b.o.batch,
+		Concurrency: b.o.concurrency,
 	})
 	if err != nil {
 		return drainResult{}, err

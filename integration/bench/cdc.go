@@ -19,15 +19,25 @@ import (
 )
 
 func init() {
-	register("cdc", "change data capture vs polling forwarder, Postgres to Kafka (kfake, kafkabatch): drain of a burst of N messages, and commit-to-arrival latency at 1,000 msg/s", runCDC)
+	register("cdc", "change data capture vs polling forwarder, and CDC of the outbox without a table, Postgres to Kafka (kfake, kafkabatch): drain of a burst of N messages, and commit-to-arrival latency at 1,000 msg/s", runCDC)
 }
+
+// Forwarding modes of the cdc case: polling the table, streaming the
+// table's inserts, streaming the messages of publishers without a table.
+const (
+	modePoll = iota
+	modeCDC
+	modeEmit
+)
+
+var modeNames = map[int]string{modePoll: "poll", modeCDC: "cdc", modeEmit: "emit"}
 
 // benchForwarder starts the CDC (cdc true) or the polling forwarder on a
 // fresh outbox, sending every row to topic, and returns its stop.
 func benchForwarder(ctx context.Context, o options, db sqladapters.DB, d *postgres.Dialect, pub message.Publisher, topic string, useCDC bool) (func() error, error) {
 	toTopic := func(string, *message.Message) (string, error) { return topic, nil }
 	if !useCDC {
-		f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Publisher: pub, Topic: toTopic, BatchSize: o.batch, Concurrency: o.concurrency})
+		f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Destination: pub, Topic: toTopic, BatchSize: o.batch, Concurrency: o.concurrency})
 		if err != nil {
 			return nil, err
 		}
@@ -39,8 +49,8 @@ func benchForwarder(ctx context.Context, o options, db sqladapters.DB, d *postgr
 		return func() error { _ = f.Close(); return <-errc }, nil
 	}
 	slot := fmt.Sprintf("mbbench_%d", time.Now().UnixNano())
-	cfg := cdc.Config{ConnString: o.pgURL, DB: db, Dialect: d, Publisher: pub, Topic: toTopic, Slot: slot, Publication: slot, Concurrency: o.concurrency}
-	if err := cdc.Setup(ctx, cfg); err != nil {
+	src := cdc.Source{ConnString: o.pgURL, Slot: slot, Publication: slot}
+	if err := cdc.Setup(ctx, db, d, src); err != nil {
 		return nil, err
 	}
 	drop := func() error {
@@ -48,14 +58,14 @@ func benchForwarder(ctx context.Context, o options, db sqladapters.DB, d *postgr
 		defer cancel()
 		var err error
 		for ctx.Err() == nil {
-			if err = cdc.Drop(ctx, cfg); err == nil {
+			if err = cdc.Drop(ctx, db, d, src); err == nil {
 				return nil
 			}
 			time.Sleep(100 * time.Millisecond) // the slot is released a moment after the reader stops
 		}
 		return err
 	}
-	f, err := cdc.New(cfg)
+	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Destination: pub, Topic: toTopic, Concurrency: o.concurrency, Source: src})
 	if err != nil {
 		_ = drop()
 		return nil, err
@@ -66,7 +76,7 @@ func benchForwarder(ctx context.Context, o options, db sqladapters.DB, d *postgr
 		_ = drop()
 		return nil, err
 	}
-	for !f.Active() && ctx.Err() == nil {
+	for len(f.Partitions()) == 0 && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return func() error {
@@ -94,7 +104,7 @@ func (p *gatedPublisher) Publish(topic string, msgs ...*message.Message) error {
 // (200 keys, 256 B, 5,000 per transaction), then lets the publisher go
 // and returns the rate from then to the arrival of the last message: how
 // fast the forwarder drains a burst it has seen committed.
-func cdcDrain(ctx context.Context, o options, k *testenv.Kafka, n int, useCDC bool) (float64, error) {
+func cdcDrain(ctx context.Context, o options, k *testenv.Kafka, n int, mode int) (float64, error) {
 	pool, d, cleanup, err := pgOutbox(ctx, o.pgURL)
 	if err != nil {
 		return 0, err
@@ -113,12 +123,12 @@ func cdcDrain(ctx context.Context, o options, k *testenv.Kafka, n int, useCDC bo
 	}
 	defer kp.Close()
 	pub := &gatedPublisher{Publisher: kp, open: make(chan struct{})}
-	stop, err := benchForwarder(ctx, o, db, d, pub, topic, useCDC)
+	stop, err := benchForwarder(ctx, o, db, d, pub, topic, mode != modePoll)
 	if err != nil {
 		close(pub.open)
 		return 0, err
 	}
-	if err := prefill(ctx, db, d, n, 200, 256); err != nil {
+	if err := prefillWith(ctx, db, d, n, 200, 256, mode == modeEmit); err != nil {
 		close(pub.open)
 		_ = stop()
 		return 0, err
@@ -139,7 +149,7 @@ func cdcDrain(ctx context.Context, o options, k *testenv.Kafka, n int, useCDC bo
 
 // cdcLatency commits rate messages per second for dur while a forwarder
 // runs and returns the p50 and p99 of commit-to-arrival times.
-func cdcLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, dur time.Duration, useCDC bool) (p50, p99 time.Duration, walMBps float64, err error) {
+func cdcLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, dur time.Duration, mode int) (p50, p99 time.Duration, walMBps float64, err error) {
 	pool, d, cleanup, err := pgOutbox(ctx, o.pgURL)
 	if err != nil {
 		return 0, 0, 0, err
@@ -157,7 +167,7 @@ func cdcLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, dur 
 		return 0, 0, 0, err
 	}
 	defer pub.Close()
-	stop, err := benchForwarder(ctx, o, db, d, pub, topic, useCDC)
+	stop, err := benchForwarder(ctx, o, db, d, pub, topic, mode != modePoll)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -170,7 +180,7 @@ func cdcLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, dur 
 		if err != nil {
 			return "", err
 		}
-		p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+		p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d, WithoutTable: mode == modeEmit})
 		if err != nil {
 			return "", err
 		}
@@ -203,28 +213,35 @@ func runCDC(ctx context.Context, o options) error {
 	}
 	defer k.Stop()
 	fmt.Printf("drain: %d messages (200 keys, 256 B, 5,000 per transaction) committed while the forwarder's publisher is held, then released; to Kafka (kfake) with kafkabatch\n", n)
-	cdcRate, err := cdcDrain(ctx, o, k, n, true)
-	if err != nil {
-		return fmt.Errorf("cdc drain: %w", err)
+	fmt.Printf("cdc: the table's inserts streamed; emit: publishers without a table, their messages streamed; poll: the table polled\n")
+	drain := map[int]float64{}
+	for _, mode := range []int{modeCDC, modeEmit, modePoll} {
+		r, err := cdcDrain(ctx, o, k, n, mode)
+		if err != nil {
+			return fmt.Errorf("%s drain: %w", modeNames[mode], err)
+		}
+		drain[mode] = r
+		fmt.Printf("%-5s %8.0f msg/s\n", modeNames[mode]+":", r)
 	}
-	fmt.Printf("cdc:  %8.0f msg/s\n", cdcRate)
-	pollRate, err := cdcDrain(ctx, o, k, n, false)
-	if err != nil {
-		return fmt.Errorf("polling drain: %w", err)
-	}
-	fmt.Printf("poll: %8.0f msg/s\n", pollRate)
 	fmt.Printf("latency: %d msg/s, one message per transaction, for %v, commit -> arrival at a Kafka consumer\n", rate, dur)
-	c50, c99, wal, err := cdcLatency(ctx, o, k, rate, dur, true)
-	if err != nil {
-		return fmt.Errorf("cdc latency: %w", err)
+	p50, p99 := map[int]time.Duration{}, map[int]time.Duration{}
+	var wal float64
+	for _, mode := range []int{modeCDC, modeEmit, modePoll} {
+		a, b, w, err := cdcLatency(ctx, o, k, rate, dur, mode)
+		if err != nil {
+			return fmt.Errorf("%s latency: %w", modeNames[mode], err)
+		}
+		p50[mode], p99[mode] = a, b
+		if mode == modeCDC {
+			wal = w
+			fmt.Printf("cdc:  p50 %v p99 %v (the cluster wrote %.1f MB/s of WAL meanwhile, all of it read by the decoder)\n", a, b, w)
+		} else {
+			fmt.Printf("%-5s p50 %v p99 %v (WAL %.1f MB/s)\n", modeNames[mode]+":", a, b, w)
+		}
 	}
-	fmt.Printf("cdc:  p50 %v p99 %v (the cluster wrote %.1f MB/s of WAL meanwhile, all of it read by the decoder)\n", c50, c99, wal)
-	p50, p99, _, err := cdcLatency(ctx, o, k, rate, dur, false)
-	if err != nil {
-		return fmt.Errorf("polling latency: %w", err)
-	}
-	fmt.Printf("poll: p50 %v p99 %v\n", p50, p99)
-	summary("cdc_msgs_per_s", cdcRate, "poll_msgs_per_s", pollRate, "cdc_vs_poll", cdcRate/pollRate,
-		"cdc_p50_ms", ms(c50), "cdc_p99_ms", ms(c99), "poll_p50_ms", ms(p50), "poll_p99_ms", ms(p99), "cluster_wal_mb_per_s", wal)
+	summary("cdc_msgs_per_s", drain[modeCDC], "emit_cdc_msgs_per_s", drain[modeEmit], "poll_msgs_per_s", drain[modePoll],
+		"cdc_vs_poll", drain[modeCDC]/drain[modePoll], "emit_vs_table_cdc", drain[modeEmit]/drain[modeCDC],
+		"cdc_p50_ms", ms(p50[modeCDC]), "cdc_p99_ms", ms(p99[modeCDC]), "emit_p50_ms", ms(p50[modeEmit]), "emit_p99_ms", ms(p99[modeEmit]),
+		"poll_p50_ms", ms(p50[modePoll]), "poll_p99_ms", ms(p99[modePoll]), "cluster_wal_mb_per_s", wal)
 	return nil
 }

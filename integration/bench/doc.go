@@ -4,6 +4,7 @@
 //
 //	go run ./integration/bench -case write
 //	go run ./integration/bench -case forward [-n 200000]
+//	go run ./integration/bench -case forward -dest nats|redis [-n 100000]
 //	go run ./integration/bench -case outage [-n 400] [-duration 10s] [-rabbit]
 //
 // Run with -h for every case and flag.

@@ -136,8 +136,14 @@ func noopOnce(ctx context.Context, o options, n int) (sideResult, error) {
 	counted := &countingDB{DB: db}
 	dest := newCounting(n)
 	var read atomic.Int64
-	cfg := forwarder.Config{DB: counted, Dialect: d, Publisher: dest, BatchSize: o.batch, Concurrency: o.concurrency,
-		Hooks: forwarder.Hooks{OnRead: func(rows int) { read.Add(int64(rows)) }}}
+	cfg := forwarder.Config{
+		DB:          counted,
+		Dialect:     d,
+		Destination: dest,
+		BatchSize:   o.batch,
+		Concurrency: o.concurrency,
+		Hooks:       forwarder.Hooks{OnRead: func(rows int) { read.Add(int64(rows)) }},
+	}
 	var inv float64
 	if path := os.Getenv("MILLBOX_BENCH_NOOP_PROFILE"); path != "" {
 		// The forward phase alone, runtime included (GC, scheduler):

@@ -28,6 +28,12 @@ func init() {
 // prefill commits n messages through the millbox publisher: keys ordering
 // keys, payload bytes each, 5,000 messages per transaction.
 func prefill(ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, n, keys, payload int) error {
+	return prefillWith(ctx, db, d, n, keys, payload, false)
+}
+
+// prefillWith is prefill, with a publisher without a table when
+// withoutTable is set.
+func prefillWith(ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, n, keys, payload int, withoutTable bool) error {
 	body := make([]byte, payload)
 	for i := range body {
 		body[i] = byte('a' + i%26)
@@ -38,7 +44,7 @@ func prefill(ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, n, k
 		if err != nil {
 			return err
 		}
-		pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+		pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d, WithoutTable: withoutTable})
 		if err != nil {
 			return err
 		}
@@ -120,7 +126,7 @@ func runDrainLimit(ctx context.Context, o options) error {
 // connection, reading back what a forwarder needs: the raw cost of moving
 // rows out of the outbox.
 func drainLimit(ctx context.Context, pool *pgxpool.Pool, d *postgres.Dialect) (float64, error) {
-	q := `WITH c AS (SELECT id FROM ` + d.OutboxTable() + ` WHERE dead_at IS NULL AND published_at IS NULL ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
+	q := `WITH c AS (SELECT id FROM ` + d.OutboxTable() + ` ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED)
 DELETE FROM ` + d.OutboxTable() + ` o USING c WHERE o.id = c.id RETURNING o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attempts`
 	start := time.Now()
 	total := 0
@@ -217,7 +223,7 @@ func runForwardNoop(ctx context.Context, o options) error {
 		return err
 	}
 	dest := newCounting(n)
-	per, err := millboxForward(ctx, forwarder.Config{DB: db, Dialect: d, Publisher: dest}, dest.all)
+	per, err := millboxForward(ctx, forwarder.Config{DB: db, Dialect: d, Destination: dest}, dest.all)
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,10 @@ func init() {
 //     middleware; on pgx BEGIN and the record share one round trip);
 //   - inbox-2rt (pgx only): the middleware with BEGIN in a round trip of
 //     its own, as on database/sql;
+//   - floor: the handler records the message id itself, in a table of the
+//     inbox's columns with nothing but its primary key, with the same
+//     statement and round trips as the middleware, then inserts and
+//     commits: what storing an inbox row costs at least;
 //   - plain: begin, insert, commit in the handler, no inbox.
 //
 // Both run through the same sqladapters.DB (pgx on Postgres, database/sql
@@ -79,8 +83,36 @@ func runInbox(ctx context.Context, o options) error {
 		_, err = tx.Exec(msg.Context(), b.insert, msg.UUID, 100)
 		return err
 	}
+	floorInsert := `INSERT` + b.ignore + ` INTO ` + b.floor + ` (consumer, message_id) VALUES (` + b.params[0] + `, ` + b.params[1] + `)` + b.onConflict
 	variants := map[string]inboxBenchVariant{
-		"inbox":     {middleware: inboxMW, handler: inboxHandler},
+		"inbox": {middleware: inboxMW, handler: inboxHandler},
+		"floor": {
+			handler: func(msg *message.Message) error {
+				ctx := msg.Context()
+				var tx sqladapters.Tx
+				var n int64
+				var err error
+				if be, ok := b.db.(sqladapters.BeginExecer); ok {
+					tx, n, err = be.BeginExec(ctx, sql.TxOptions{}, floorInsert, "bench", msg.UUID)
+				} else if tx, err = b.db.Begin(ctx, sql.TxOptions{}); err == nil {
+					n, err = tx.Exec(ctx, floorInsert, "bench", msg.UUID)
+				}
+				if err != nil {
+					if tx != nil {
+						sqladapters.Rollback(tx)
+					}
+					return err
+				}
+				defer sqladapters.Rollback(tx) // a no-op after commit
+				if n != 1 {
+					return fmt.Errorf("the floor's inbox insert affected %d rows", n)
+				}
+				if _, err := tx.Exec(ctx, b.insert, msg.UUID, 100); err != nil {
+					return err
+				}
+				return tx.Commit(ctx)
+			},
+		},
 		"inbox-2rt": {middleware: separateMW, handler: inboxHandler},
 		"plain": {
 			handler: func(msg *message.Message) error {
@@ -97,9 +129,9 @@ func runInbox(ctx context.Context, o options) error {
 			},
 		},
 	}
-	names := []string{"inbox", "plain"}
+	names := []string{"inbox", "floor", "plain"}
 	if _, ok := b.db.(inbox.BeginExecer); ok {
-		names = []string{"inbox", "inbox-2rt", "plain"}
+		names = []string{"inbox", "inbox-2rt", "floor", "plain"}
 	}
 	// Warm up connections, statement caches and the tables.
 	for _, name := range names {
@@ -126,16 +158,15 @@ func runInbox(ctx context.Context, o options) error {
 		slices.Sort(s)
 		return s[len(s)/2]
 	}
-	in, plain := med(rates["inbox"]), med(rates["plain"])
-	fmt.Printf("median of %d rounds: inbox %.0f msg/s, plain %.0f msg/s\n", rounds, in, plain)
+	in, floor, plain := med(rates["inbox"]), med(rates["floor"]), med(rates["plain"])
+	fmt.Printf("median of %d rounds: inbox %.0f msg/s, floor %.0f msg/s, plain %.0f msg/s\n", rounds, in, floor, plain)
+	kv := []any{"inbox_msgs_per_s", int(in), "plain_msgs_per_s", int(plain), "overhead_ratio", plain / in, "inbox_floor_ratio", plain / floor}
 	if r := rates["inbox-2rt"]; r != nil {
 		sep := med(r)
 		fmt.Printf("inbox with BEGIN in a round trip of its own: %.0f msg/s, ×%.2f\n", sep, plain/sep)
-		summary("inbox_msgs_per_s", int(in), "plain_msgs_per_s", int(plain), "overhead_ratio", plain/in,
-			"overhead_ratio_2rt", plain/sep)
-		return nil
+		kv = append(kv, "overhead_ratio_2rt", plain/sep)
 	}
-	summary("inbox_msgs_per_s", int(in), "plain_msgs_per_s", int(plain), "overhead_ratio", plain/in)
+	summary(kv...)
 	return nil
 }
 
@@ -146,12 +177,19 @@ type separateBegin struct{ sqladapters.DB }
 // inboxBenchDB is the database of the inbox bench: a fresh millbox
 // installation with an orders table beside it.
 type inboxBenchDB struct {
-	db      sqladapters.DB
-	d       sqladapters.Dialect
-	orders  string // quoted table name
-	insert  string // inserts an order: id, amount
-	conns   int
-	cleanup func()
+	db     sqladapters.DB
+	d      sqladapters.Dialect
+	orders string // quoted table name
+	insert string // inserts an order: id, amount
+	// floor is a table of the inbox's columns with only its primary key;
+	// params are the database's first two placeholders, ignore and
+	// onConflict what make its insert of a duplicate a no-op, as the
+	// inbox's is.
+	floor              string
+	params             [2]string
+	ignore, onConflict string
+	conns              int
+	cleanup            func()
 	// durability names the setting that decides what a commit costs.
 	durability string
 }
@@ -168,26 +206,33 @@ func newInboxBenchDB(ctx context.Context, o options) (*inboxBenchDB, error) {
 			conns: int(pool.Config().MaxConns), cleanup: cleanup,
 		}
 		b.insert = `INSERT INTO ` + b.orders + ` (id, amount) VALUES ($1, $2)`
+		b.floor, b.params, b.onConflict = `"`+d.Schema()+`".inbox_floor`, [2]string{"$1", "$2"}, ` ON CONFLICT DO NOTHING`
 		var syncCommit string
 		if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&syncCommit); err != nil {
 			cleanup()
 			return nil, err
 		}
 		b.durability = "synchronous_commit=" + syncCommit
-		return b, b.create(ctx, `id text PRIMARY KEY, amount bigint NOT NULL`)
+		if err := b.create(ctx, `id text PRIMARY KEY, amount bigint NOT NULL`); err != nil {
+			return nil, err
+		}
+		return b, b.createFloor(ctx, `consumer text NOT NULL, message_id text NOT NULL, received_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, message_id)`)
 	case "mysql":
 		db, d, cleanup, err := mysqlOutbox(ctx, o.mysqlDSN)
 		if err != nil {
 			return nil, err
 		}
 		orders := "`" + strings.Trim(d.OutboxTable(), "`") + "_orders`"
+		floor := "`" + strings.Trim(d.OutboxTable(), "`") + "_inbox_floor`"
 		b := &inboxBenchDB{
 			db: db, d: d, orders: orders, conns: mysqlBenchConns,
 			insert: `INSERT INTO ` + orders + ` (id, amount) VALUES (?, ?)`,
+			floor:  floor, params: [2]string{"?", "?"}, ignore: " IGNORE",
 			cleanup: func() {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
 				_, _ = db.Exec(ctx, `DROP TABLE IF EXISTS `+orders)
+				_, _ = db.Exec(ctx, `DROP TABLE IF EXISTS `+floor)
 				cleanup()
 			},
 		}
@@ -197,7 +242,10 @@ func newInboxBenchDB(ctx context.Context, o options) (*inboxBenchDB, error) {
 			return nil, err
 		}
 		b.durability = "innodb_flush_log_at_trx_commit=" + flush + " log_bin=" + binlog
-		return b, b.create(ctx, `id VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL`)
+		if err := b.create(ctx, `id VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL`); err != nil {
+			return nil, err
+		}
+		return b, b.createFloor(ctx, `consumer VARBINARY(255) NOT NULL, message_id VARBINARY(512) NOT NULL, received_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), PRIMARY KEY (consumer, message_id)`)
 	}
 	return nil, fmt.Errorf("-db %q: want postgres or mysql", o.db)
 }
@@ -211,9 +259,18 @@ func (b *inboxBenchDB) create(ctx context.Context, columns string) error {
 	return nil
 }
 
-// reset empties the orders and the inbox.
+// createFloor creates the floor's table; on failure it cleans up.
+func (b *inboxBenchDB) createFloor(ctx context.Context, columns string) error {
+	if _, err := b.db.Exec(ctx, `CREATE TABLE `+b.floor+` (`+columns+`)`); err != nil {
+		b.cleanup()
+		return err
+	}
+	return nil
+}
+
+// reset empties the orders, the inbox and the floor's table.
 func (b *inboxBenchDB) reset(ctx context.Context) error {
-	for _, t := range []string{b.orders, b.d.InboxTable()} {
+	for _, t := range []string{b.orders, b.d.InboxTable(), b.floor} {
 		if _, err := b.db.Exec(ctx, `TRUNCATE TABLE `+t); err != nil {
 			return err
 		}

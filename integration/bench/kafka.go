@@ -20,13 +20,23 @@ import (
 )
 
 func init() {
-	register("forward", "drain N prefilled messages (200 keys, 256 B) to Kafka (kfake): millbox vs Watermill's stock forwarder", runForward)
+	register("forward", "drain N prefilled messages (200 keys, 256 B) to Kafka (kfake; -dest nats or redis for NATS JetStream or Redis streams): millbox vs Watermill's stock forwarder", runForward)
 	register("latency", "commit-to-Kafka latency at 1,000 msg/s: millbox vs Watermill's stock forwarder", runLatency)
 }
 
 // millboxToKafka prefills n messages into a fresh outbox and times
-// o.instances millbox forwarders draining them to a fresh topic.
+// o.instances millbox forwarders draining them to a fresh topic, through
+// watermill-kafka's publisher or, batching, kafkabatch.
 func millboxToKafka(ctx context.Context, o options, k *testenv.Kafka, n int, batching bool) (float64, error) {
+	dest := kafkaDest(k.Addrs())
+	dest.publisher = func() (message.Publisher, error) { return kafkaPublisher(k, batching) }
+	return millboxTo(ctx, o, dest, n)
+}
+
+// millboxTo prefills n messages into a fresh outbox and times o.instances
+// millbox forwarders draining them to a fresh topic of dest, through one
+// publisher they share.
+func millboxTo(ctx context.Context, o options, dest benchDest, n int) (float64, error) {
 	db, d, cleanup, err := benchOutbox(ctx, o)
 	if err != nil {
 		return 0, err
@@ -40,14 +50,14 @@ func millboxToKafka(ctx context.Context, o options, k *testenv.Kafka, n int, bat
 		return 0, err
 	}
 	// Rows are written for topic "bench"; each run sends them to a topic
-	// of its own, so runs on one cluster do not see each other's records.
+	// of its own, so runs on one broker do not see each other's messages.
 	topic := fmt.Sprintf("bench-%d", time.Now().UnixNano())
-	col, err := testenv.NewKafkaCollector(k.Addrs(), topic)
+	col, stop, err := dest.collect(topic)
 	if err != nil {
 		return 0, err
 	}
-	defer col.Close()
-	pub, err := kafkaPublisher(k, batching)
+	defer stop()
+	pub, err := dest.publisher()
 	if err != nil {
 		return 0, err
 	}
@@ -55,8 +65,12 @@ func millboxToKafka(ctx context.Context, o options, k *testenv.Kafka, n int, bat
 	var fs []*forwarder.Forwarder
 	for range max(o.instances, 1) {
 		f, err := forwarder.New(forwarder.Config{
-			DB: db, Dialect: d, Publisher: pub, BatchSize: o.batch, Concurrency: o.concurrency,
-			Topic: func(string, *message.Message) (string, error) { return topic, nil },
+			DB:          db,
+			Dialect:     d,
+			Destination: pub,
+			BatchSize:   o.batch,
+			Concurrency: o.concurrency,
+			Topic:       func(string, *message.Message) (string, error) { return topic, nil },
 		})
 		if err != nil {
 			return 0, err
@@ -101,6 +115,13 @@ func analyze(ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, dbNa
 }
 
 func runForward(ctx context.Context, o options) error {
+	switch o.dest {
+	case "kafka":
+	case "nats", "redis":
+		return runForwardTo(ctx, o)
+	default:
+		return fmt.Errorf("-dest %q: want kafka, nats or redis", o.dest)
+	}
 	n := orDefault(o.n, 200000)
 	k, err := testenv.NewKafka(testenv.KafkaConfig{})
 	if err != nil {
@@ -165,7 +186,7 @@ func millboxLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, 
 		return 0, 0, err
 	}
 	defer pub.Close()
-	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Publisher: pub})
+	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Destination: pub})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -26,6 +26,10 @@ type options struct {
 	instances int
 	// RabbitMQ publisher channel pool, 0 = the bench's default
 	channels int
+	// destination of the forward case: kafka, nats or redis
+	dest      string
+	natsURL   string
+	redisAddr string
 }
 
 type benchCase struct {
@@ -52,6 +56,9 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 0, "millbox forwarder Concurrency (0 = default)")
 	flag.IntVar(&o.instances, "instances", 1, "forward: millbox forwarders sharing the outbox (they split its partitions)")
 	flag.IntVar(&o.channels, "channels", 0, "RabbitMQ publisher channel pool size (0 = 64)")
+	flag.StringVar(&o.dest, "dest", "kafka", "forward: destination, kafka (kfake), nats (JetStream) or redis (streams)")
+	flag.StringVar(&o.natsURL, "nats", env("MILLBOX_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL (JetStream enabled)")
+	flag.StringVar(&o.redisAddr, "redis", env("MILLBOX_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: go run ./integration/bench -case NAME [flags]\n\ncases:\n")

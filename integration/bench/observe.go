@@ -125,7 +125,12 @@ func observeOnce(ctx context.Context, o options, n int, enabled bool) (observeRe
 	dest := newCounting(n)
 	cpu0 := processCPU()
 	per, err := millboxForward(ctx, forwarder.Config{
-		DB: db, Dialect: d, Publisher: dest, BatchSize: o.batch, Concurrency: o.concurrency, Telemetry: tel,
+		DB:          db,
+		Dialect:     d,
+		Destination: dest,
+		BatchSize:   o.batch,
+		Concurrency: o.concurrency,
+		Telemetry:   tel,
 	}, dest.all)
 	if err != nil {
 		return observeResult{}, err

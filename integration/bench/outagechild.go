@@ -209,9 +209,12 @@ func outageChild(ctx context.Context, o options, pubName string) error {
 	var open atomic.Bool
 	topic := os.Getenv(outageTopic)
 	f, err := forwarder.New(forwarder.Config{
-		DB: pgxv5.WrapPool(pool), Dialect: d, Publisher: pub,
-		BatchSize: o.batch, Concurrency: o.concurrency,
-		Topic: func(string, *message.Message) (string, error) { return topic, nil },
+		DB:          pgxv5.WrapPool(pool),
+		Dialect:     d,
+		Destination: pub,
+		BatchSize:   o.batch,
+		Concurrency: o.concurrency,
+		Topic:       func(string, *message.Message) (string, error) { return topic, nil },
 		// Info shows every failed attempt and the breaker closing.
 		Logger: breakerWatch{watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))), &open},
 		Hooks: forwarder.Hooks{

@@ -111,7 +111,10 @@ func pgbLatency(ctx context.Context, direct, url, mode string, k *testenv.Kafka,
 	}
 	var lost atomic.Int64
 	f, err := forwarder.New(forwarder.Config{
-		DB: db, Dialect: d, Publisher: pub, Logger: watermill.NopLogger{},
+		DB:          db,
+		Dialect:     d,
+		Destination: pub,
+		Logger:      watermill.NopLogger{},
 		Hooks: forwarder.Hooks{OnError: func(err error) {
 			if errors.Is(err, forwarder.ErrNotificationsLost) {
 				lost.Add(1)

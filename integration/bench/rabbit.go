@@ -67,7 +67,11 @@ func rabbitOnce(ctx context.Context, o options, n int, newPub func() (message.Pu
 	}
 	defer pub.Close()
 	f, err := forwarder.New(forwarder.Config{
-		DB: db, Dialect: d, Publisher: pub, BatchSize: o.batch, Concurrency: o.concurrency,
+		DB:          db,
+		Dialect:     d,
+		Destination: pub,
+		BatchSize:   o.batch,
+		Concurrency: o.concurrency,
 		// The rows' topic is "bench"; route them to this run's queue.
 		Topic: func(string, *message.Message) (string, error) { return queue, nil },
 	})

@@ -103,12 +103,22 @@ func stockForward(ctx context.Context, pgURL string, kafkaAddrs []string, n, key
 // per query (DefaultPostgreSQLSchema.SubscribeBatchSize; 0 = its default,
 // 100). The forwarder still publishes one message at a time.
 func stockForwardBatch(ctx context.Context, pgURL string, kafkaAddrs []string, n, keys, payloadSize, batch int) (float64, error) {
-	o, err := newStockPostgres(ctx, pgURL, batch)
+	return stockForwardTo(ctx, "postgres", pgURL, kafkaDest(kafkaAddrs), n, keys, payloadSize, batch)
+}
+
+// stockForwardTo is stockForwardBatch on db ("postgres" or "mysql", at
+// url) to any destination.
+func stockForwardTo(ctx context.Context, db, url string, dest benchDest, n, keys, payloadSize, batch int) (float64, error) {
+	newOutbox := newStockPostgres
+	if db == "mysql" {
+		newOutbox = newStockMySQL
+	}
+	o, err := newOutbox(ctx, url, batch)
 	if err != nil {
 		return 0, err
 	}
 	defer o.close()
-	return o.forward(ctx, kafkaAddrs, n, keys, payloadSize)
+	return o.forward(ctx, dest, n, keys, payloadSize)
 }
 
 // stockForwardMySQL is stockForward on MySQL/MariaDB (DefaultMySQLSchema,
@@ -120,12 +130,7 @@ func stockForwardMySQL(ctx context.Context, dsn string, kafkaAddrs []string, n, 
 // stockForwardMySQLBatch is stockForwardMySQL with DefaultMySQLSchema's
 // SubscribeBatchSize set to batch (0 = its default, 100).
 func stockForwardMySQLBatch(ctx context.Context, dsn string, kafkaAddrs []string, n, keys, payloadSize, batch int) (float64, error) {
-	o, err := newStockMySQL(ctx, dsn, batch)
-	if err != nil {
-		return 0, err
-	}
-	defer o.close()
-	return o.forward(ctx, kafkaAddrs, n, keys, payloadSize)
+	return stockForwardTo(ctx, "mysql", dsn, kafkaDest(kafkaAddrs), n, keys, payloadSize, batch)
 }
 
 // stockLatency runs the stock Postgres outbox with default settings while
@@ -138,7 +143,7 @@ func stockLatency(ctx context.Context, pgURL string, kafkaAddrs []string, rate i
 		return 0, 0, err
 	}
 	defer o.close()
-	run, err := o.start(kafkaAddrs)
+	run, err := o.start(kafkaDest(kafkaAddrs))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -342,8 +347,8 @@ func (o *stockOutbox) subscriber() (*wsql.Subscriber, error) {
 }
 
 // forward pre-fills n messages, then runs the forwarder until all of them
-// reached Kafka, and returns the rate measured from the forwarder's start.
-func (o *stockOutbox) forward(ctx context.Context, kafkaAddrs []string, n, keys, payloadSize int) (float64, error) {
+// reached dest, and returns the rate measured from the forwarder's start.
+func (o *stockOutbox) forward(ctx context.Context, dest benchDest, n, keys, payloadSize int) (float64, error) {
 	// The tables must exist before the pre-fill: create them as the
 	// subscriber would, with a subscriber that is then dropped.
 	sub, err := o.subscriber()
@@ -352,7 +357,7 @@ func (o *stockOutbox) forward(ctx context.Context, kafkaAddrs []string, n, keys,
 	}
 	_ = sub.Close()
 
-	dest := testenv.UniqueName("stock_")
+	topic := testenv.UniqueName("stock_")
 	payload := stockPayload(payloadSize)
 	fillStart := time.Now()
 	for first := 0; first < n; first += stockPrefillTx {
@@ -360,13 +365,13 @@ func (o *stockOutbox) forward(ctx context.Context, kafkaAddrs []string, n, keys,
 		for i := first; i < min(n, first+stockPrefillTx); i++ {
 			msgs = append(msgs, stockMessage(i, keys, payload))
 		}
-		if err := o.inTx(ctx, func(pub message.Publisher) error { return pub.Publish(dest, msgs...) }); err != nil {
+		if err := o.inTx(ctx, func(pub message.Publisher) error { return pub.Publish(topic, msgs...) }); err != nil {
 			return 0, fmt.Errorf("pre-fill: %w", err)
 		}
 	}
 	fmt.Printf("  pre-filled %d messages in %v\n", n, time.Since(fillStart).Round(time.Millisecond))
 
-	run, err := o.startTo(kafkaAddrs, dest)
+	run, err := o.startTo(dest, topic)
 	if err != nil {
 		return 0, err
 	}
@@ -384,11 +389,40 @@ func (o *stockOutbox) forward(ctx context.Context, kafkaAddrs []string, n, keys,
 	return float64(n) / elapsed.Seconds(), nil
 }
 
+// benchDest is the broker a forwarding run sends messages to.
+type benchDest struct {
+	// publisher returns a new publisher to the broker.
+	publisher func() (message.Publisher, error)
+	// collect makes topic ready to receive (creating it where the broker
+	// needs that) and starts a collector on it; stop closes the collector
+	// and removes topic.
+	collect func(topic string) (col *testenv.Collection, stop func(), err error)
+}
+
+// kafkaDest is Kafka at addrs, with watermill-kafka's keyed publisher.
+func kafkaDest(addrs []string) benchDest {
+	return benchDest{
+		publisher: func() (message.Publisher, error) { return testenv.NewKafkaPublisher(addrs, true) },
+		collect: func(topic string) (*testenv.Collection, func(), error) {
+			col, err := testenv.NewKafkaCollector(addrs, topic)
+			if err != nil {
+				return nil, nil, err
+			}
+			return col.Collection, func() {
+				col.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = testenv.DeleteKafkaTopics(ctx, addrs, topic)
+			}, nil
+		},
+	}
+}
+
 // stockRun is a running stock forwarder and a collector on its destination.
 type stockRun struct {
 	dest    string
-	addrs   []string
-	col     *testenv.KafkaCollector
+	col     *testenv.Collection
+	stopCol func()
 	fwd     *wmforwarder.Forwarder
 	pub     message.Publisher
 	started time.Time
@@ -396,23 +430,23 @@ type stockRun struct {
 	cancel  context.CancelFunc
 }
 
-func (o *stockOutbox) start(kafkaAddrs []string) (*stockRun, error) {
-	return o.startTo(kafkaAddrs, testenv.UniqueName("stock_"))
+func (o *stockOutbox) start(dest benchDest) (*stockRun, error) {
+	return o.startTo(dest, testenv.UniqueName("stock_"))
 }
 
-// startTo starts a collector on dest and the forwarder, and returns once
-// the forwarder's router runs.
-func (o *stockOutbox) startTo(kafkaAddrs []string, dest string) (_ *stockRun, err error) {
-	r := &stockRun{dest: dest, addrs: kafkaAddrs, runErr: make(chan error, 1)}
+// startTo starts a collector on topic of dest and the forwarder, and
+// returns once the forwarder's router runs.
+func (o *stockOutbox) startTo(dest benchDest, topic string) (_ *stockRun, err error) {
+	r := &stockRun{dest: topic, runErr: make(chan error, 1)}
 	defer func() {
 		if err != nil {
 			r.stop()
 		}
 	}()
-	if r.col, err = testenv.NewKafkaCollector(kafkaAddrs, dest); err != nil {
+	if r.col, r.stopCol, err = dest.collect(topic); err != nil {
 		return nil, err
 	}
-	if r.pub, err = testenv.NewKafkaPublisher(kafkaAddrs, true); err != nil {
+	if r.pub, err = dest.publisher(); err != nil {
 		return nil, err
 	}
 	sub, err := o.subscriber()
@@ -500,11 +534,8 @@ func (r *stockRun) stop() {
 	if r.pub != nil {
 		_ = r.pub.Close()
 	}
-	if r.col != nil {
-		r.col.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = testenv.DeleteKafkaTopics(ctx, r.addrs, r.dest)
+	if r.stopCol != nil {
+		r.stopCol()
 	}
 }
 

@@ -23,7 +23,7 @@ import (
 )
 
 func init() {
-	register("write", "business transaction with 0, 1 and 10 outbox messages, then tx/s of 1, 8 and 32 concurrent writers (Postgres, pgx)", runWrite)
+	register("write", "business transaction with 0, 1 and 10 outbox messages, then tx/s of 1, 8 and 32 concurrent writers, with and without the outbox table (Postgres, pgx)", runWrite)
 }
 
 // writersFlag lists the writer counts of the concurrent part of the write
@@ -59,9 +59,18 @@ func runWrite(ctx context.Context, o options) error {
 		// Order ids of the concurrent part, above those of writeSingle.
 		ids := &atomic.Int64{}
 		ids.Store(1 << 40)
+		// The outbox without a table writes only where a logical slot
+		// could read it: one that nobody reads during the run, dropped
+		// after it.
+		dropSlot, err := benchSlot(ctx, pool)
+		if err != nil {
+			return err
+		}
+		defer dropSlot()
 		wvs := []writeVariant{
 			{"bare", nil},
 			{"millbox", func(ctx context.Context, tx pgx.Tx, id int64) error { return publishN(ctx, tx, d, id, 1, payload) }},
+			{"emit", func(ctx context.Context, tx pgx.Tx, id int64) error { return emitN(ctx, tx, d, id, 1, payload) }},
 			{"millbox+notify", func(ctx context.Context, tx pgx.Tx, id int64) error {
 				return publishN(ctx, tx, notifying, id, 1, payload)
 			}},
@@ -91,6 +100,7 @@ func runWrite(ctx context.Context, o options) error {
 				p+"_bare_tx_per_s", int(rates["bare"]),
 				p+"_overhead_ratio", rates["bare"]/rates["millbox"],
 				p+"_notify_ratio", rates["bare"]/rates["millbox+notify"],
+				p+"_emit_ratio", rates["bare"]/rates["emit"],
 				p+"_select1_ratio", rates["bare"]/rates["select1"],
 				p+"_row_ratio", rates["bare"]/rates["row"],
 				p+"_rowpk_ratio", rates["bare"]/rates["row+pk"],
@@ -371,19 +381,34 @@ func rollback(tx pgx.Tx) {
 	_ = tx.Rollback(ctx)
 }
 
-// publishers holds one publisher per dialect, made once, as an
+// publishers holds one publisher per dialect and mode, made once, as an
 // application makes it at start.
-var publishers sync.Map // sqladapters.Dialect → *forwarder.Publisher
+var publishers sync.Map // publisherKey → *forwarder.Publisher
+
+type publisherKey struct {
+	d            sqladapters.Dialect
+	withoutTable bool
+}
 
 // publishN publishes n messages of the order's key in tx with PublishTx.
 func publishN(ctx context.Context, tx pgx.Tx, d sqladapters.Dialect, id int64, n int, payload []byte) error {
-	p, ok := publishers.Load(d)
+	return publishTo(ctx, tx, publisherKey{d: d}, id, n, payload)
+}
+
+// emitN publishes n messages of the order's key in tx with PublishTx of a
+// publisher without a table.
+func emitN(ctx context.Context, tx pgx.Tx, d sqladapters.Dialect, id int64, n int, payload []byte) error {
+	return publishTo(ctx, tx, publisherKey{d: d, withoutTable: true}, id, n, payload)
+}
+
+func publishTo(ctx context.Context, tx pgx.Tx, k publisherKey, id int64, n int, payload []byte) error {
+	p, ok := publishers.Load(k)
 	if !ok {
-		pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: d})
+		pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: k.d, WithoutTable: k.withoutTable})
 		if err != nil {
 			return err
 		}
-		p, _ = publishers.LoadOrStore(d, pub)
+		p, _ = publishers.LoadOrStore(k, pub)
 	}
 	msgs := make([]*message.Message, n)
 	for i := range msgs {
@@ -391,6 +416,20 @@ func publishN(ctx context.Context, tx pgx.Tx, d sqladapters.Dialect, id int64, n
 		msgs[i].Metadata.Set(forwarder.DefaultKeyMetadataField, "order-"+strconv.FormatInt(id, 10))
 	}
 	return p.(*forwarder.Publisher).PublishTx(ctx, pgxv5.WrapTx(tx), "orders", msgs...)
+}
+
+// benchSlot creates a logical replication slot of its own and returns
+// its drop.
+func benchSlot(ctx context.Context, pool *pgxpool.Pool) (func(), error) {
+	slot := fmt.Sprintf("mbbench_%d", time.Now().UnixNano())
+	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+		return nil, fmt.Errorf("create a logical replication slot for the outbox without a table (needs wal_level = logical): %w", err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+	}, nil
 }
 
 // benchPostgres connects and creates a schema of its own.

@@ -58,7 +58,9 @@ func TestAdminPage(t *testing.T) {
 
 	seed(t, ctx, db, d)
 
-	allowed := serve(t, d, db, func(*http.Request) bool { return true })
+	// The allowed page warns of any pending message older than a
+	// millisecond: the orders are.
+	allowed := serve(t, d, db, func(*http.Request) bool { return true }, func(c *admin.Config) { c.Warnings.PendingAge = time.Millisecond })
 	denied := serve(t, d, db, nil)
 	browser := newBrowser(t, ctx, chromium)
 
@@ -87,13 +89,19 @@ func TestAdminPage(t *testing.T) {
 		if got := text(t, browser, fmt.Sprintf(`#owners tr[data-instance=%q] td.held`, owner)); got != "4" {
 			t.Errorf("partitions held by %s shown %s, want 4", owner, got)
 		}
+		where := text(t, browser, "#where")
+		for _, want := range []string{"postgres", d.Schema(), tableName(d.OutboxTable()), tableName(d.InboxTable())} {
+			if !strings.Contains(where, want) {
+				t.Errorf("the header %q does not name %s", where, want)
+			}
+		}
 		groupRows = get(t, browser, chromedp.Nodes(chromedp.CSSAll("#groups tr.group")))
 		if len(groupRows) != len(failures) {
 			t.Fatalf("%d error groups shown, want %d", len(groupRows), len(failures))
 		}
 		for i, n := range groupRows {
-			errText, _ := n.Attribute("data-error")
-			topic := topicOf(t, errText)
+			fp, _ := n.Attribute("data-group")
+			topic := topicOf(t, fp)
 			count := text(t, browser, fmt.Sprintf("#groups tbody tr:nth-child(%d) td.count", i+1))
 			if count != fmt.Sprint(published[topic]) {
 				t.Errorf("group of %s shows %s messages, want %d", topic, count, published[topic])
@@ -102,18 +110,42 @@ func TestAdminPage(t *testing.T) {
 		saveScreenshot(t, browser)
 	})
 
+	t.Run("warnings", func(t *testing.T) {
+		run(t, browser, chromedp.Navigate(allowed+"/admin/"), chromedp.WaitVisible(chromedp.CSS("#warnings")))
+		if got := text(t, browser, "#warn-pending"); !strings.Contains(got, "The oldest pending message has waited") {
+			t.Errorf("the warning of old pending messages reads %q", got)
+		}
+		if got := text(t, browser, "#warn-dead"); !strings.HasPrefix(got, "6 dead letters wait") {
+			t.Errorf("the warning of dead letters reads %q", got)
+		}
+		for _, sel := range []string{"#total td.oldest.warn", "#total td.dead.warn"} {
+			if n := get(t, browser, chromedp.Nodes(chromedp.CSSAll(sel), chromedp.AtLeast(0))); len(n) != 1 {
+				t.Errorf("%s: %d cells marked, want 1", sel, len(n))
+			}
+		}
+		if n := get(t, browser, chromedp.Nodes(chromedp.CSSAll("#warn-no-forwarder"), chromedp.AtLeast(0))); len(n) != 0 {
+			t.Error("the page warns that no forwarder holds a partition while one holds them all")
+		}
+		// The page without thresholds below the defaults does not call a
+		// fresh pending message old.
+		run(t, browser, chromedp.Navigate(denied+"/admin/"), chromedp.WaitVisible(chromedp.CSS("#topics")))
+		if n := get(t, browser, chromedp.Nodes(chromedp.CSSAll("#warn-pending"), chromedp.AtLeast(0))); len(n) != 0 {
+			t.Error("the page with the default threshold warns of messages written a moment ago")
+		}
+		// Auto-refresh through the page's own link.
+		run(t, browser, chromedp.Navigate(allowed+"/admin/"), chromedp.Click(chromedp.CSS(`#refresh a[href="./?refresh=10"]`)), chromedp.WaitReady(chromedp.CSS(`meta[http-equiv="refresh"]`)))
+		if got := get(t, browser, chromedp.AttributeValue(chromedp.CSS(`meta[http-equiv="refresh"]`), "content")); got.Value != "10; url=./?refresh=10" {
+			t.Errorf("auto-refresh meta %q", got.Value)
+		}
+	})
+
 	t.Run("attacker-controlled text is shown, not run", func(t *testing.T) {
 		title := get(t, browser, chromedp.Title())
 		if title != pageTitle {
 			t.Fatalf("title %q: a script ran", title)
 		}
-		// The group's link carries the error text in its query.
-		row := 0
-		for i, n := range groupRows {
-			if e, _ := n.Attribute("data-error"); e == failures["webhooks"] {
-				row = i + 1
-			}
-		}
+		// The group's link carries its fingerprint.
+		row := rowOf(groupRows, "webhooks")
 		run(t, browser,
 			chromedp.Click(chromedp.CSS(fmt.Sprintf("#groups tbody tr:nth-child(%d) td.error a", row))),
 			chromedp.WaitVisible(chromedp.CSS("#letters")))
@@ -141,8 +173,8 @@ func TestAdminPage(t *testing.T) {
 			w.Header().Set("Content-Type", "text/html; charset=utf-8")
 			fmt.Fprintf(w, `<!doctype html><title>win a prize</title>
 <form method="post" action="%s/admin/requeue"><input type="hidden" name="token" value="%s">
-<input type="hidden" name="error" value="%s"><button id="go" type="submit">claim</button></form>`,
-				allowed, token, failures["payments"])
+<input type="hidden" name="group" value="%s"><button id="go" type="submit">claim</button></form>`,
+				allowed, token, group("payments"))
 		}))
 		defer evil.Close()
 		// 127.0.0.1 is another site than localhost, where the page is.
@@ -166,10 +198,10 @@ func TestAdminPage(t *testing.T) {
 		// script on the page or a hand-made request could send.
 		const tok = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
 		req, _ := http.NewRequest(http.MethodPost, denied+"/admin/requeue",
-			strings.NewReader(url.Values{"token": {tok}, "error": {failures["payments"]}}.Encode()))
+			strings.NewReader(url.Values{"token": {tok}, "group": {group("payments")}}.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("Sec-Fetch-Site", "same-origin")
-		req.AddCookie(&http.Cookie{Name: "millbox_admin_token", Value: tok})
+		req.AddCookie(&http.Cookie{Name: "millbox_admin", Value: tok})
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -184,13 +216,13 @@ func TestAdminPage(t *testing.T) {
 	})
 
 	t.Run("requeue a group, then it is delivered", func(t *testing.T) {
-		run(t, browser, chromedp.Navigate(allowed+"/admin/"), chromedp.WaitVisible(chromedp.CSS("#groups")))
-		row := 0
-		for i, n := range groupRows {
-			if e, _ := n.Attribute("data-error"); e == failures["invoices"] {
-				row = i + 1
-			}
+		// The invoices were written an hour ago: requeued, they wait from
+		// the requeue.
+		if _, err := pool.Exec(ctx, `UPDATE `+d.OutboxTable()+` SET created_at = created_at - interval '1 hour' WHERE topic = 'invoices'`); err != nil {
+			t.Fatal(err)
 		}
+		run(t, browser, chromedp.Navigate(allowed+"/admin/"), chromedp.WaitVisible(chromedp.CSS("#groups")))
+		row := rowOf(groupRows, "invoices")
 		run(t, browser,
 			chromedp.Click(fmt.Sprintf("#groups tbody tr:nth-child(%d) button.requeue", row)),
 			chromedp.WaitVisible(chromedp.CSS("#notice")))
@@ -204,11 +236,18 @@ func TestAdminPage(t *testing.T) {
 		if got := text(t, browser, `#topics tr[data-topic="invoices"] td.pending`); got != "2" {
 			t.Fatalf("invoices pending shown %s after requeue, want 2", got)
 		}
+		if got := text(t, browser, `#topics tr[data-topic="invoices"] td.oldest`); !strings.HasSuffix(got, "s") || strings.ContainsAny(got, "hd") {
+			t.Fatalf("invoices created an hour ago and requeued now: oldest pending shown %q, want seconds", got)
+		}
 
 		// The instance holding the partitions goes away; a forwarder
 		// with a working destination takes over and delivers them.
 		if err := d.ReleasePartitions(ctx, db, owner, []int{0, 1, 2, 3}); err != nil {
 			t.Fatal(err)
+		}
+		run(t, browser, chromedp.Navigate(allowed+"/admin/"), chromedp.WaitVisible(chromedp.CSS("#warn-no-forwarder")))
+		if got := text(t, browser, "#warn-no-forwarder"); !strings.HasPrefix(got, "No forwarder holds a partition") {
+			t.Fatalf("the warning that no forwarder runs reads %q", got)
 		}
 		dest := &recorder{}
 		stop := startForwarder(t, ctx, db, d, dest)
@@ -218,7 +257,7 @@ func TestAdminPage(t *testing.T) {
 
 	t.Run("discard one message from its page", func(t *testing.T) {
 		run(t, browser,
-			chromedp.Navigate(allowed+"/admin/dead?error="+url.QueryEscape(failures["webhooks"])),
+			chromedp.Navigate(allowed+"/admin/dead?group="+group("webhooks")),
 			chromedp.Click(chromedp.CSS("#letters tbody tr:first-child a")),
 			chromedp.WaitVisible(chromedp.CSS("form.discard")),
 			chromedp.Click(chromedp.CSS(`form.discard input[name="confirm"]`)),
@@ -242,9 +281,9 @@ func seed(t *testing.T, ctx context.Context, db sqladapters.DB, d *postgres.Dial
 		publish(t, ctx, db, d, topic, published[topic])
 	}
 	stop := startForwarder(t, ctx, db, d, refusing{})
-	var last forwarder.Backlog
+	var last sqladapters.OutboxStats
 	waitFor(t, ctx, "the refused messages to be dead-lettered", func() bool {
-		b, err := forwarder.OutboxBacklog(ctx, db, d)
+		b, err := d.OutboxStats(ctx, db)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -292,11 +331,13 @@ func publish(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladapters
 func startForwarder(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, dest message.Publisher) (stop func()) {
 	t.Helper()
 	fw, err := forwarder.New(forwarder.Config{
-		DB: db, Dialect: d, Publisher: dest,
-		Partitions:   4,
+		DB:           db,
+		Dialect:      d,
+		Destination:  dest,
 		MaxAttempts:  1,
 		PollInterval: 50 * time.Millisecond,
 		Logger:       watermill.NewSlogLogger(slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))),
+		Source:       forwarder.Polling{Partitions: 4},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -365,10 +406,9 @@ type counts struct{ pending, dead int64 }
 // dbCounts reads the outbox with its own SQL, independently of the page.
 func dbCounts(t *testing.T, ctx context.Context, pool *pgxpool.Pool, d sqladapters.Dialect) map[string]counts {
 	t.Helper()
-	rows, err := pool.Query(ctx, `SELECT topic,
-		count(*) FILTER (WHERE dead_at IS NULL AND published_at IS NULL),
-		count(*) FILTER (WHERE dead_at IS NOT NULL)
-		FROM `+d.OutboxTable()+` GROUP BY topic`)
+	rows, err := pool.Query(ctx, `SELECT topic, sum(pending), sum(dead) FROM (
+		SELECT topic, 1 AS pending, 0 AS dead FROM `+d.OutboxTable()+`
+		UNION ALL SELECT topic, 0, 1 FROM `+d.(interface{ Tables() []string }).Tables()[5]+`) t GROUP BY topic`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,22 +428,46 @@ func dbCounts(t *testing.T, ctx context.Context, pool *pgxpool.Pool, d sqladapte
 	return out
 }
 
-func topicOf(t *testing.T, errText string) string {
+// group returns the fingerprint of the error group of topic's failures.
+func group(topic string) string { return sqladapters.FingerprintError(failures[topic]).String() }
+
+// topicOf returns the topic whose failures form the group of fingerprint
+// fp.
+func topicOf(t *testing.T, fp string) string {
 	t.Helper()
-	for topic, e := range failures {
-		if strings.Contains(errText, e) {
+	for topic := range failures {
+		if group(topic) == fp {
 			return topic
 		}
 	}
-	t.Fatalf("unexpected error group %q", errText)
+	t.Fatalf("unexpected error group %q", fp)
 	return ""
+}
+
+// rowOf returns the position, from 1, of topic's group among rows.
+func rowOf(rows []*chromedp.Node, topic string) int {
+	for i, n := range rows {
+		if fp, _ := n.Attribute("data-group"); fp == group(topic) {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// tableName is the last part of a quoted, qualified name.
+func tableName(quoted string) string {
+	return strings.Trim(quoted[strings.LastIndex(quoted, ".")+1:], `"`)
 }
 
 // serve mounts the admin page under /admin on a test server and returns
 // its address, named localhost so that 127.0.0.1 is another site.
-func serve(t *testing.T, d sqladapters.Dialect, db sqladapters.DB, authorize func(*http.Request) bool) string {
+func serve(t *testing.T, d sqladapters.Dialect, db sqladapters.DB, authorize func(*http.Request) bool, configure ...func(*admin.Config)) string {
 	t.Helper()
-	h, err := admin.New(admin.Config{DB: db, Dialect: d, Authorize: authorize})
+	cfg := admin.Config{DB: db, Dialect: d, Authorize: authorize}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	h, err := admin.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

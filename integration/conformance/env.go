@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -40,6 +41,12 @@ type Env struct {
 	// level. (Postgres above READ COMMITTED reports a serialization
 	// failure instead; see package inbox.)
 	IsolationLevels []sql.IsolationLevel
+	// ForwarderSource returns the source the forwarder suites run with for
+	// d's outbox. Nil runs them with forwarder.Polling (8 partitions,
+	// leases of 2 s). The suites run their source-independent promises
+	// with every source, and the promises of one source only where it is
+	// that one (SourceKind).
+	ForwarderSource func(t testing.TB, d sqladapters.Dialect) forwarder.Source
 	// InboxLockWaiters counts the sessions waiting on the inbox table of
 	// d, so that the inbox suite ends a transaction only once another one
 	// waits on it. The suite calls it while one transaction holds a key
@@ -48,6 +55,17 @@ type Env struct {
 	// (SQLite waits in its busy handler); the suite then pauses briefly
 	// instead, which makes the overlap likely but does not prove it.
 	InboxLockWaiters func(ctx context.Context, d sqladapters.Dialect) (int, error)
+}
+
+// polling tells whether the forwarder suites run with the polling source.
+func (env Env) polling() bool { return env.ForwarderSource == nil }
+
+// source returns the forwarder source for d's outbox.
+func (env Env) source(t testing.TB, d sqladapters.Dialect) forwarder.Source {
+	if env.ForwarderSource == nil {
+		return forwarder.Polling{Partitions: 8, LeaseTTL: 2 * time.Second}
+	}
+	return env.ForwarderSource(t, d)
 }
 
 // DBSource is a database handle as one kind of application opens it.

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/integration/internal/testlog"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -25,16 +26,23 @@ import (
 func Faults(t *testing.T, env Env) {
 	ctx := context.Background()
 	src := env.Sources[0]
-	base := func(d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
+	base := func(t testing.TB, d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
 		return forwarder.Config{
-			DB: env.DB, Dialect: d, Publisher: dest,
-			PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second,
-			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-			Partitions: 8,
+			DB:           env.DB,
+			Dialect:      d,
+			Destination:  dest,
+			PollInterval: 50 * time.Millisecond,
+			MinBackoff:   20 * time.Millisecond,
+			MaxBackoff:   200 * time.Millisecond,
+			Source:       env.source(t, d),
+			Logger:       testlog.Logger(t),
 		}
 	}
 	keyOf := func(m *message.Message) string { return m.Metadata.Get(forwarder.DefaultKeyMetadataField) }
 
+	// One key's only call hangs while no other call is out and other keys
+	// keep arriving: their messages must arrive while it hangs, with no
+	// PublishTimeout to free anything meanwhile.
 	t.Run("HangingPublishHoldsOnlyItsKey", func(t *testing.T) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()
@@ -47,7 +55,12 @@ func Faults(t *testing.T, env Env) {
 			}
 			return nil
 		})
-		StartForwarder(t, base(d, rec))
+		cfg := base(t, d, rec)
+		cfg.PublishTimeout = time.Hour
+		StartForwarder(t, cfg)
+		var releaseOnce sync.Once
+		unblock := func() { releaseOnce.Do(func() { close(release) }) }
+		t.Cleanup(unblock) // before the forwarder's Close, also when the test fails
 		writeKey(t, ctx, src, d, "slow", 0, 5)
 		<-entered
 		// Written after the slow call started: they must not wait for it.
@@ -59,7 +72,7 @@ func Faults(t *testing.T, env Env) {
 			t.Fatal("released early")
 		default: // the slow call is still blocked: the other keys did not wait for it
 		}
-		close(release)
+		unblock()
 		rec.WaitFor(t, keys*perKey+5, 30*time.Second)
 		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
 	})
@@ -80,7 +93,7 @@ func Faults(t *testing.T, env Env) {
 			return nil
 		})
 		var timeouts atomic.Int32
-		cfg := base(d, rec)
+		cfg := base(t, d, rec)
 		cfg.PublishTimeout = 100 * time.Millisecond
 		cfg.Hooks.OnFailure = func(forwarder.FailedAttempt) { timeouts.Add(1) }
 		StartForwarder(t, cfg)
@@ -119,7 +132,7 @@ func Faults(t *testing.T, env Env) {
 		})
 		var reads atomic.Int32
 		var failures atomic.Int32
-		cfg := base(d, rec)
+		cfg := base(t, d, rec)
 		cfg.Hooks.OnRead = func(int) { reads.Add(1) }
 		cfg.Hooks.OnFailure = func(forwarder.FailedAttempt) { failures.Add(1) }
 		StartForwarder(t, cfg)
@@ -154,8 +167,8 @@ func Faults(t *testing.T, env Env) {
 	// row that can still become due would hold that row back until the
 	// next head read and let its key's later rows overtake it. Each keeps
 	// a row out of sight across several head reads.
-	headEvery := func(d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
-		cfg := base(d, dest)
+	headEvery := func(t testing.TB, d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
+		cfg := base(t, d, dest)
 		cfg.PollInterval = time.Second
 		return cfg
 	}
@@ -167,7 +180,7 @@ func Faults(t *testing.T, env Env) {
 		}
 		rec := NewRecorder()
 		var reads atomic.Int32
-		cfg := headEvery(d, rec)
+		cfg := headEvery(t, d, rec)
 		cfg.Hooks.OnRead = func(int) { reads.Add(1) }
 		StartForwarder(t, cfg)
 		for k := range 10 {
@@ -191,7 +204,7 @@ func Faults(t *testing.T, env Env) {
 		}
 		WriteKeyed(t, ctx, src, d, "t", 20, 50, 5, 2)
 		rec.WaitFor(t, 1100, 60*time.Second)
-		for i := 0; reads.Load() < 20 || i < 125; i++ { // 2.5 s at least
+		for i := 0; (env.polling() && reads.Load() < 20) || i < 125; i++ { // 2.5 s at least, and 20 reads with Polling
 			writeKey(t, ctx, src, d, "other", i, 1)
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -221,7 +234,7 @@ func Faults(t *testing.T, env Env) {
 			}
 			return nil
 		})
-		cfg := headEvery(d, rec)
+		cfg := headEvery(t, d, rec)
 		cfg.MinBackoff, cfg.MaxBackoff, cfg.BackoffJitter = 2500*time.Millisecond, 2500*time.Millisecond, -1 // across two head reads
 		StartForwarder(t, cfg)
 		for k := range 10 {
@@ -261,18 +274,19 @@ func Faults(t *testing.T, env Env) {
 	})
 
 	t.Run("RunFailureReleasesWaiters", func(t *testing.T) {
-		cases := map[string]func() (forwarder.Config, error){
-			"partitions mismatch": func() (forwarder.Config, error) {
+		cases := map[string]func() (forwarder.Config, error){}
+		if env.polling() {
+			cases["partitions mismatch"] = func() (forwarder.Config, error) {
 				d := env.NewDialect(t)
-				StartForwarder(t, base(d, NewRecorder()))
-				cfg := base(d, NewRecorder())
-				cfg.Partitions = 4
+				StartForwarder(t, base(t, d, NewRecorder()))
+				cfg := base(t, d, NewRecorder())
+				cfg.Source = forwarder.Polling{Partitions: 4, LeaseTTL: 2 * time.Second}
 				return cfg, forwarder.ErrInvalidConfig
-			},
+			}
 		}
 		if env.NewUnmigratedDialect != nil {
 			cases["missing tables"] = func() (forwarder.Config, error) {
-				return base(env.NewUnmigratedDialect(t), NewRecorder()), sqladapters.ErrMissingTable
+				return base(t, env.NewUnmigratedDialect(t), NewRecorder()), sqladapters.ErrMissingTable
 			}
 		}
 		for name, setup := range cases {
@@ -293,31 +307,36 @@ func Faults(t *testing.T, env Env) {
 		}
 	})
 
-	t.Run("CloseHandsPartitionsOverAtOnce", func(t *testing.T) {
+	t.Run("CloseHandsOverAtOnce", func(t *testing.T) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()
-		cfg := base(d, rec)
-		// Renewals every 20 minutes: only the handover can move the
-		// partitions within this test.
-		cfg.LeaseTTL = time.Hour
+		cfg := base(t, d, rec)
+		whole := 1 // the replication slot
+		if env.polling() {
+			// Renewals every 20 minutes: only the handover can move the
+			// partitions within this test.
+			cfg.Source = forwarder.Polling{Partitions: 8, LeaseTTL: time.Hour}
+			whole = 8
+		}
 		a := StartForwarder(t, cfg)
-		b, err := forwarder.New(cfg)
-		if err != nil {
-			t.Fatal(err)
+		if !env.polling() {
+			WaitOwned(t, []*forwarder.Forwarder{a}, whole, false)
 		}
-		errc := make(chan error, 1)
-		go func() { errc <- b.Run(ctx) }()
-		WaitSpread(t, []*forwarder.Forwarder{a, b}, 8)
-		if err := b.Close(); err != nil {
-			t.Fatal(err)
+		b := StartForwarder(t, cfg)
+		leaving, survivor := b, a
+		if env.polling() {
+			WaitOwned(t, []*forwarder.Forwarder{a, b}, whole, true)
+		} else {
+			// One reader streams, the other stands by: the reader leaves.
+			leaving, survivor = a, b
 		}
-		if err := <-errc; err != nil {
+		if err := leaving.Close(); err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(30 * time.Second)
-		for len(a.Partitions()) != 8 {
+		for len(survivor.Partitions()) != whole {
 			if time.Now().After(deadline) {
-				t.Fatalf("the survivor holds %v, not all 8 partitions, after the other instance closed", a.Partitions())
+				t.Fatalf("the survivor holds %v, not all %d partitions, after the other instance closed", survivor.Partitions(), whole)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +16,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/integration/internal/testlog"
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/ops"
 )
 
 // Recorder is a destination publisher that keeps what it was given. It can
@@ -190,6 +193,9 @@ func publishCommitted(ctx context.Context, src TxSource, d sqladapters.Dialect, 
 // StartForwarder runs a forwarder until the test ends.
 func StartForwarder(t testing.TB, cfg forwarder.Config) *forwarder.Forwarder {
 	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testlog.Logger(t)
+	}
 	f, err := forwarder.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -220,19 +226,23 @@ func StartForwarder(t testing.TB, cfg forwarder.Config) *forwarder.Forwarder {
 func Forwarder(t *testing.T, env Env) {
 	ctx := context.Background()
 	src := env.Sources[0]
-	fast := func(d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
+	fast := func(t testing.TB, d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
 		return forwarder.Config{
-			DB: env.DB, Dialect: d, Publisher: dest,
-			PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second,
-			MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-			Partitions: 8,
+			DB:           env.DB,
+			Dialect:      d,
+			Destination:  dest,
+			PollInterval: 50 * time.Millisecond,
+			MinBackoff:   20 * time.Millisecond,
+			MaxBackoff:   200 * time.Millisecond,
+			Source:       env.source(t, d),
+			Logger:       testlog.Logger(t),
 		}
 	}
 
 	t.Run("DeliversEverythingIntact", func(t *testing.T) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()
-		StartForwarder(t, fast(d, rec))
+		StartForwarder(t, fast(t, d, rec))
 		tx := src.MustBegin(t, ctx)
 		pub := newPub(t, tx, d)
 		var sent []*message.Message
@@ -272,16 +282,65 @@ func Forwarder(t *testing.T, env Env) {
 		rec := NewRecorder()
 		var fs []*forwarder.Forwarder
 		for range 3 {
-			cfg := fast(d, rec)
+			cfg := fast(t, d, rec)
 			cfg.BatchSize = 200
 			fs = append(fs, StartForwarder(t, cfg))
 		}
-		WaitSpread(t, fs, 8)
+		if env.polling() {
+			WaitOwned(t, fs, 8, true)
+		} else {
+			WaitOwned(t, fs, 1, false)
+		}
 		const keys, perKey = 40, 50
 		WriteKeyed(t, ctx, src, d, "ordered", keys, perKey, 5, 4)
 		rec.WaitFor(t, keys*perKey, 60*time.Second)
 		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
 		waitEmpty(t, ctx, env, d)
+	})
+
+	// Instances that start together share the partitions from their first
+	// claim: none takes more than its share while the others are still
+	// announcing themselves.
+	t.Run("InstancesStartingTogetherSplitThePartitions", func(t *testing.T) {
+		if !env.polling() {
+			t.Skip("one reader streams from the slot")
+		}
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		const instances, partitions = 3, 16
+		cfg := fast(t, d, rec)
+		cfg.PollInterval = time.Second // the first claim waits a quarter of it
+		cfg.Source = forwarder.Polling{Partitions: partitions, LeaseTTL: time.Hour}
+		fs := make([]*forwarder.Forwarder, instances)
+		for i := range fs {
+			f, err := forwarder.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fs[i] = f
+		}
+		for _, f := range fs {
+			errc := make(chan error, 1)
+			go func() { errc <- f.Run(ctx) }()
+			t.Cleanup(func() {
+				if err := f.Close(); err != nil {
+					t.Errorf("close: %v", err)
+				}
+				if err := <-errc; err != nil {
+					t.Errorf("run: %v", err)
+				}
+			})
+		}
+		share := (partitions + instances - 1) / instances
+		for i, f := range fs {
+			if err := f.Ready(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(f.Partitions()); n > share {
+				t.Fatalf("instance %d holds %d partitions at its start, more than its share of %d", i, n, share)
+			}
+		}
+		WaitOwned(t, fs, partitions, true)
 	})
 
 	t.Run("FailingKeyWaitsAndKeepsOrder", func(t *testing.T) {
@@ -311,7 +370,7 @@ func Forwarder(t *testing.T, env Env) {
 			}
 		}
 		commit(t, ctx, tx)
-		StartForwarder(t, fast(d, rec))
+		StartForwarder(t, fast(t, d, rec))
 		rec.WaitFor(t, 20, 20*time.Second)
 		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
 		mu.Lock()
@@ -348,7 +407,7 @@ func Forwarder(t *testing.T, env Env) {
 			total++
 		}
 		commit(t, ctx, tx)
-		cfg := fast(d, rec)
+		cfg := fast(t, d, rec)
 		cfg.MaxAttempts = 3
 		f := StartForwarder(t, cfg)
 		// Everything but the poison message arrives, including the later
@@ -358,7 +417,7 @@ func Forwarder(t *testing.T, env Env) {
 		deadline := time.Now().Add(10 * time.Second)
 		for len(dead) == 0 && time.Now().Before(deadline) {
 			var err error
-			if dead, err = forwarder.DeadLetters(ctx, env.DB, d, 0, 10); err != nil {
+			if dead, err = deadLetters(ctx, env, d, 10); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -366,15 +425,15 @@ func Forwarder(t *testing.T, env Env) {
 		if len(dead) != 1 || dead[0].UUID != poison || dead[0].Attempts != 3 || dead[0].LastError == "" {
 			t.Fatalf("dead letters %+v", dead)
 		}
-		waitBacklog(t, ctx, env, d, forwarder.Backlog{Pending: 0, Dead: 1})
+		waitBacklog(t, ctx, env, d, backlog{Pending: 0, Dead: 1})
 		// Requeued and accepted this time, it is delivered.
 		rec.SetReject(nil)
-		if n, err := forwarder.RequeueDeadLetters(ctx, env.DB, d, dead[0].ID); err != nil || n != 1 {
+		if n, err := requeue(ctx, env, d, dead[0].ID); err != nil || n != 1 {
 			t.Fatalf("requeue: %d, %v", n, err)
 		}
 		rec.WaitFor(t, total, 20*time.Second)
 		_ = f
-		waitBacklog(t, ctx, env, d, forwarder.Backlog{})
+		waitBacklog(t, ctx, env, d, backlog{})
 	})
 
 	// Ordering keys of any length: a key far longer than any index entry
@@ -425,7 +484,7 @@ func Forwarder(t *testing.T, env Env) {
 					}
 				}
 				commit(t, ctx, tx)
-				cfg := fast(d, rec)
+				cfg := fast(t, d, rec)
 				cfg.MaxAttempts = 3
 				StartForwarder(t, cfg)
 				// Everything but the poison message arrives; the second key
@@ -435,7 +494,7 @@ func Forwarder(t *testing.T, env Env) {
 				if dead[0].Key != a || dead[0].Attempts != 3 || dead[0].LastError == "" || uuids[dead[0].UUID] != a {
 					t.Fatalf("dead letter: key of %d bytes (equal: %v), attempts %d, error %q", len(dead[0].Key), dead[0].Key == a, dead[0].Attempts, dead[0].LastError)
 				}
-				waitBacklog(t, ctx, env, d, forwarder.Backlog{Pending: 0, Dead: 1})
+				waitBacklog(t, ctx, env, d, backlog{Pending: 0, Dead: 1})
 				msgs := rec.Messages()
 				CheckKeyOrder(t, msgs, field)
 				mu.Lock()
@@ -455,11 +514,11 @@ func Forwarder(t *testing.T, env Env) {
 				mu.Unlock()
 				// Requeued and accepted this time, it is delivered.
 				rec.SetReject(nil)
-				if n, err := forwarder.RequeueDeadLetters(ctx, env.DB, d, dead[0].ID); err != nil || n != 1 {
+				if n, err := requeue(ctx, env, d, dead[0].ID); err != nil || n != 1 {
 					t.Fatalf("requeue: %d, %v", n, err)
 				}
 				rec.WaitFor(t, 8, 20*time.Second)
-				waitBacklog(t, ctx, env, d, forwarder.Backlog{})
+				waitBacklog(t, ctx, env, d, backlog{})
 			})
 		}
 	})
@@ -478,7 +537,7 @@ func Forwarder(t *testing.T, env Env) {
 		}
 		commit(t, ctx, tx)
 		rec := NewRecorder()
-		StartForwarder(t, fast(d, rec))
+		StartForwarder(t, fast(t, d, rec))
 		rec.WaitFor(t, 1, 30*time.Second)
 		if got := rec.Messages()[0]; got.UUID != id || string(got.Payload) != string(payload) {
 			t.Fatalf("message %s arrived with %d payload bytes, want %s with %d", got.UUID, len(got.Payload), id, limit)
@@ -517,7 +576,7 @@ func Forwarder(t *testing.T, env Env) {
 	t.Run("KeepForwardedRows", func(t *testing.T) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()
-		cfg := fast(d, rec)
+		cfg := fast(t, d, rec)
 		cfg.KeepForwarded = true
 		StartForwarder(t, cfg)
 		tx := src.MustBegin(t, ctx)
@@ -535,7 +594,7 @@ func Forwarder(t *testing.T, env Env) {
 			t.Fatalf("kept rows were published %d times, want 10", n)
 		}
 		var kept int
-		rows, err := env.DB.Query(ctx, `SELECT count(*) FROM `+d.OutboxTable()+` WHERE published_at IS NOT NULL`)
+		rows, err := env.DB.Query(ctx, `SELECT count(*) FROM `+keptTable(t, d))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -544,7 +603,7 @@ func Forwarder(t *testing.T, env Env) {
 		}
 		rows.Close()
 		if kept != 10 {
-			t.Fatalf("%d rows kept with published_at, want 10", kept)
+			t.Fatalf("%d rows in the kept rows' table, want 10", kept)
 		}
 	})
 
@@ -553,7 +612,7 @@ func Forwarder(t *testing.T, env Env) {
 		slow := NewRecorder()
 		slow.SetReject(func(string, *message.Message) error { time.Sleep(2 * time.Millisecond); return nil })
 		WriteKeyed(t, ctx, src, d, "busy", 20, 100, 20, 4)
-		cfg := fast(d, slow)
+		cfg := fast(t, d, slow)
 		cfg.Concurrency = 4
 		cfg.CloseTimeout = 10 * time.Second
 		f, err := forwarder.New(cfg)
@@ -576,7 +635,7 @@ func Forwarder(t *testing.T, env Env) {
 			t.Fatal("everything was forwarded before Close; the test did not close a busy forwarder")
 		}
 		// Nothing is lost: a new forwarder delivers the rest.
-		StartForwarder(t, fast(d, slow))
+		StartForwarder(t, fast(t, d, slow))
 		slow.WaitFor(t, 2000, 60*time.Second)
 		CheckKeyOrder(t, slow.Messages(), forwarder.DefaultKeyMetadataField)
 	})
@@ -584,23 +643,27 @@ func Forwarder(t *testing.T, env Env) {
 	t.Run("BadConfig", func(t *testing.T) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()
+		src := env.source(t, d)
 		for name, cfg := range map[string]forwarder.Config{
-			"no DB":          {Dialect: d, Publisher: rec},
-			"no dialect":     {DB: env.DB, Publisher: rec},
-			"no publisher":   {DB: env.DB, Dialect: d},
-			"batch":          {DB: env.DB, Dialect: d, Publisher: rec, BatchSize: -1},
-			"partitions":     {DB: env.DB, Dialect: d, Publisher: rec, Partitions: 100000},
-			"backoff":        {DB: env.DB, Dialect: d, Publisher: rec, MinBackoff: time.Minute, MaxBackoff: time.Second},
-			"tiny lease TTL": {DB: env.DB, Dialect: d, Publisher: rec, LeaseTTL: time.Millisecond},
+			"no DB":          {Dialect: d, Destination: rec, Source: src},
+			"no dialect":     {DB: env.DB, Destination: rec, Source: src},
+			"no destination": {DB: env.DB, Dialect: d, Source: src},
+			"batch":          {DB: env.DB, Dialect: d, Destination: rec, Source: src, BatchSize: -1},
+			"backoff":        {DB: env.DB, Dialect: d, Destination: rec, Source: src, MinBackoff: time.Minute, MaxBackoff: time.Second},
+			"partitions":     {DB: env.DB, Dialect: d, Destination: rec, Source: forwarder.Polling{Partitions: 100000}},
+			"tiny lease TTL": {DB: env.DB, Dialect: d, Destination: rec, Source: forwarder.Polling{LeaseTTL: time.Millisecond}},
 		} {
 			if _, err := forwarder.New(cfg); !errors.Is(err, forwarder.ErrInvalidConfig) {
 				t.Fatalf("%s: want ErrInvalidConfig, got %v", name, err)
 			}
 		}
+		if !env.polling() {
+			return
+		}
 		// Instances that disagree on Partitions refuse to start.
-		StartForwarder(t, fast(d, rec))
-		cfg := fast(d, rec)
-		cfg.Partitions = 4
+		StartForwarder(t, fast(t, d, rec))
+		cfg := fast(t, d, rec)
+		cfg.Source = forwarder.Polling{Partitions: 4, LeaseTTL: 2 * time.Second}
 		f, err := forwarder.New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -614,7 +677,8 @@ func Forwarder(t *testing.T, env Env) {
 		if env.NewUnmigratedDialect == nil {
 			t.Skip("no unmigrated dialect")
 		}
-		f, err := forwarder.New(forwarder.Config{DB: env.DB, Dialect: env.NewUnmigratedDialect(t), Publisher: NewRecorder()})
+		d := env.NewUnmigratedDialect(t)
+		f, err := forwarder.New(forwarder.Config{DB: env.DB, Dialect: d, Destination: NewRecorder(), Source: env.source(t, d)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -642,7 +706,7 @@ func waitDeadLetters(t testing.TB, ctx context.Context, env Env, d sqladapters.D
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		dead, err := forwarder.DeadLetters(ctx, env.DB, d, 0, n+1)
+		dead, err := deadLetters(ctx, env, d, n+1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -656,9 +720,10 @@ func waitDeadLetters(t testing.TB, ctx context.Context, env Env, d sqladapters.D
 	}
 }
 
-// WaitSpread waits until every forwarder leases some of the partitions
-// and together they lease all of them.
-func WaitSpread(t testing.TB, fs []*forwarder.Forwarder, partitions int) {
+// WaitOwned waits until the forwarders together hold all whole
+// partitions, each of them some when spread is set (Polling shares them;
+// with cdc.Source one reader holds the slot's one partition).
+func WaitOwned(t testing.TB, fs []*forwarder.Forwarder, whole int, spread bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -668,25 +733,47 @@ func WaitSpread(t testing.TB, fs []*forwarder.Forwarder, partitions int) {
 			total += n
 			each = each && n > 0
 		}
-		if each && total == partitions {
+		if total == whole && (each || !spread) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("partitions did not spread over %d instances", len(fs))
+			t.Fatalf("the %d instances hold %d of %d partitions (each some: %v)", len(fs), total, whole, each)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// waitBacklog waits until OutboxBacklog reports want.
-func waitBacklog(t testing.TB, ctx context.Context, env Env, d sqladapters.Dialect, want forwarder.Backlog) {
+// deadLetters lists up to limit dead letters of d.
+func deadLetters(ctx context.Context, env Env, d sqladapters.Dialect, limit int) ([]sqladapters.DeadLetter, error) {
+	o, err := ops.New(env.DB, d)
+	if err != nil {
+		return nil, err
+	}
+	return o.ListDeadLetters(ctx, ops.ListQuery{Limit: limit})
+}
+
+// requeue requeues the dead letters ids of d.
+func requeue(ctx context.Context, env Env, d sqladapters.Dialect, ids ...int64) (int64, error) {
+	o, err := ops.New(env.DB, d)
+	if err != nil {
+		return 0, err
+	}
+	return o.Requeue(ctx, ops.Filter{IDs: ids}, ops.ChangeOptions{})
+}
+
+// backlog is the pending and dead rows of an outbox.
+type backlog struct{ Pending, Dead int64 }
+
+// waitBacklog waits until the outbox's stats report want.
+func waitBacklog(t testing.TB, ctx context.Context, env Env, d sqladapters.Dialect, want backlog) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		got, err := forwarder.OutboxBacklog(ctx, env.DB, d)
+		st, err := d.OutboxStats(ctx, env.DB)
 		if err != nil {
 			t.Fatal(err)
 		}
+		got := backlog{Pending: st.Pending, Dead: st.Dead}
 		if got == want {
 			return
 		}
@@ -711,4 +798,20 @@ func waitEmpty(t testing.TB, ctx context.Context, env Env, d sqladapters.Dialect
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// keptTable returns the quoted name of the table of kept rows of d.
+func keptTable(t *testing.T, d sqladapters.Dialect) string {
+	t.Helper()
+	tables, ok := d.(interface{ Tables() []string })
+	if !ok {
+		t.Fatalf("%T does not list its tables", d)
+	}
+	for _, table := range tables.Tables() {
+		if strings.HasSuffix(strings.Trim(table, "\"`"), "_kept") {
+			return table
+		}
+	}
+	t.Fatalf("the %s dialect has no table of kept rows", d.Name())
+	return ""
 }

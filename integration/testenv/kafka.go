@@ -655,20 +655,31 @@ type KafkaCollector struct {
 // NewKafkaCollector creates the topics if needed (with the broker's default
 // partition count) and starts consuming them. The caller calls Close.
 func NewKafkaCollector(addrs []string, topics ...string) (*KafkaCollector, error) {
+	return newKafkaCollector(addrs, nil, topics)
+}
+
+// NewKafkaCommittedCollector is NewKafkaCollector reading with
+// read_committed isolation: records of transactions that are open or
+// were aborted are not collected.
+func NewKafkaCommittedCollector(addrs []string, topics ...string) (*KafkaCollector, error) {
+	return newKafkaCollector(addrs, []kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted())}, topics)
+}
+
+func newKafkaCollector(addrs []string, extra []kgo.Opt, topics []string) (*KafkaCollector, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if err := CreateKafkaTopics(ctx, addrs, -1, topics...); err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(addrs...),
 		kgo.ClientID("millbox-collector"),
 		kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(500*time.Millisecond),
-		kgo.MetadataMinAge(250*time.Millisecond),
+		kgo.FetchMaxWait(500 * time.Millisecond),
+		kgo.MetadataMinAge(250 * time.Millisecond),
 		kgo.RetryBackoffFn(func(int) time.Duration { return 100 * time.Millisecond }),
-	)
+	}, extra...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -682,6 +693,18 @@ func NewKafkaCollector(addrs []string, topics ...string) (*KafkaCollector, error
 func CollectKafka(t testing.TB, addrs []string, topics ...string) *KafkaCollector {
 	t.Helper()
 	c, err := NewKafkaCollector(addrs, topics...)
+	if err != nil {
+		t.Fatalf("kafka collector: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// CollectKafkaCommitted starts a read_committed KafkaCollector for the
+// test, closed after it.
+func CollectKafkaCommitted(t testing.TB, addrs []string, topics ...string) *KafkaCollector {
+	t.Helper()
+	c, err := NewKafkaCommittedCollector(addrs, topics...)
 	if err != nil {
 		t.Fatalf("kafka collector: %v", err)
 	}

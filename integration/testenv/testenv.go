@@ -4,13 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"io"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millbox/millbox/integration/internal/testlog"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
@@ -114,3 +117,14 @@ func PostgresDialect(t testing.TB, db sqladapters.DB, pool *pgxpool.Pool, opts p
 	}
 	return d
 }
+
+// Logger returns a Watermill logger that writes to t's log, shown only
+// when t fails (or with -v): give it to every component a test configures
+// (forwarder.Config.Logger, cdc.Config.Logger, inbox.CleanerConfig.Logger,
+// middleware.InboxConfig.Logger), so that the errors the test provokes on
+// purpose stay out of a passing run's output.
+func Logger(t testing.TB) watermill.LoggerAdapter { return testlog.Logger(t) }
+
+// LogWriter returns a writer whose lines go to t's log after prefix: for
+// the standard output and error of a process the test starts.
+func LogWriter(t testing.TB, prefix string) io.Writer { return testlog.Writer(t, prefix) }

@@ -3,6 +3,7 @@ package admin
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"embed"
 	"errors"
 	"fmt"
@@ -22,23 +23,28 @@ import (
 //go:embed templates/*.html static/*
 var files embed.FS
 
-// maxFormBytes bounds the body of a change: a token, an id or an error
-// text.
-const maxFormBytes = 1 << 20
+// retryAfter is what a request refused for the concurrency limit is told
+// to wait, in seconds.
+const retryAfter = "2"
 
 // handler serves the page. Its routes, relative to where it is mounted:
 //
 //	GET  /            overview: topics, error groups, partitions, inbox
-//	GET  /dead        dead letters of one error group (?error=, &after=)
-//	GET  /dead/{id}   one dead letter
-//	POST /requeue     requeue one dead letter (id) or a group (error)
+//	GET  /dead        dead letters of one error group (?group=) or of a
+//	                  filter (?topic=, ?key=, ?error=), a page at a time
+//	                  (&after=)
+//	GET  /dead/{id}   one dead letter (?full=1 shows long fields whole)
+//	POST /requeue     requeue one dead letter (id) or a group (group)
 //	POST /discard     delete one dead letter or a group, with confirm=yes
 //	GET  /static/     the stylesheet
 type handler struct {
-	cfg   Config
-	store *store
-	pages *template.Template
-	mux   *http.ServeMux
+	cfg       Config
+	store     *store
+	pages     *template.Template
+	mux       *http.ServeMux
+	key       []byte
+	slots     chan struct{}
+	incidents *incidents
 	// outer checks cross-origin requests before mux sees them.
 	outer http.Handler
 }
@@ -59,12 +65,24 @@ func New(cfg Config) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin: parse templates: %w", err)
 	}
-	h := &handler{cfg: cfg, store: st, pages: pages, mux: http.NewServeMux()}
+	h := &handler{
+		cfg:       cfg,
+		store:     st,
+		pages:     pages,
+		mux:       http.NewServeMux(),
+		key:       cfg.FormKey,
+		slots:     make(chan struct{}, cfg.MaxConcurrent),
+		incidents: newIncidents(cfg.Logger),
+	}
+	if h.key == nil {
+		h.key = make([]byte, MinFormKeyBytes)
+		_, _ = rand.Read(h.key) // never fails
+	}
 	static, _ := fs.Sub(files, "static")
 	h.mux.Handle("GET /static/", http.StripPrefix("/static/", cacheStatic(http.FileServerFS(static))))
-	h.mux.HandleFunc("GET /{$}", h.overview)
-	h.mux.HandleFunc("GET /dead", h.deadList)
-	h.mux.HandleFunc("GET /dead/{id}", h.deadLetter)
+	h.mux.HandleFunc("GET /{$}", h.read(h.overview, "requeued", "discarded", "refresh"))
+	h.mux.HandleFunc("GET /dead", h.read(h.deadList, "group", "topic", "key", "error", "after"))
+	h.mux.HandleFunc("GET /dead/{id}", h.read(h.deadLetter, "full"))
 	h.mux.HandleFunc("POST /requeue", h.change(actionRequeue))
 	h.mux.HandleFunc("POST /discard", h.change(actionDiscard))
 	h.mux.HandleFunc("/", h.notFound)
@@ -84,7 +102,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Mounted with StripPrefix("/admin") and asked for "/admin":
 		// relative links need the trailing slash.
 		target := path.Base(requestPath(r)) + "/"
-		if r.URL.RawQuery != "" {
+		if r.URL.RawQuery != "" && len(r.URL.RawQuery) <= maxQueryBytes {
 			target += "?" + r.URL.RawQuery
 		}
 		w.Header().Set("Location", target)
@@ -127,45 +145,96 @@ func cacheStatic(h http.Handler) http.Handler {
 	})
 }
 
+// viewable reports whether the request may see the page.
+func (h *handler) viewable(r *http.Request) bool { return h.cfg.View == nil || h.cfg.View(r) }
+
+// allowed reports whether the request may change anything.
+func (h *handler) allowed(r *http.Request) bool {
+	return h.cfg.Authorize != nil && h.viewable(r) && h.cfg.Authorize(r)
+}
+
+// read wraps a page that reads the database: the request must be
+// viewable, its query must hold only the names given, valid, and a slot
+// of the concurrency limit must be free.
+func (h *handler) read(page func(http.ResponseWriter, *http.Request, params), names ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !h.viewable(r) {
+			h.forbidden(w, r)
+			return
+		}
+		if len(r.URL.RawQuery) > maxQueryBytes {
+			h.badRequest(w, r, fmt.Errorf("the address's query is longer than %d bytes", maxQueryBytes))
+			return
+		}
+		q, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			h.badRequest(w, r, errors.New("the address's query is not well formed"))
+			return
+		}
+		p, err := parseParams(q, names...)
+		if err != nil {
+			h.badRequest(w, r, err)
+			return
+		}
+		if !h.acquire(w, r) {
+			return
+		}
+		defer h.release()
+		page(w, r, p)
+	}
+}
+
+// acquire takes a slot of the concurrency limit, or answers 503.
+func (h *handler) acquire(w http.ResponseWriter, r *http.Request) bool {
+	select {
+	case h.slots <- struct{}{}:
+		return true
+	default:
+		w.Header().Set("Retry-After", retryAfter)
+		h.fail(w, r, http.StatusServiceUnavailable, "Busy", "Other requests are reading the database right now. Try again in a moment.")
+		return false
+	}
+}
+
+func (h *handler) release() { <-h.slots }
+
 // page is what every template receives.
 type page struct {
-	Title   string
-	Dialect string
-	Root    string
+	Title string
+	Where where
+	Root  string
 	// CanChange shows the buttons; Token goes into every form.
 	CanChange bool
 	Token     string
 	Notice    string
 	Now       time.Time
-	Data      any
+	// Refresh reloads the page every Refresh seconds when positive.
+	Refresh int64
+	Data    any
 }
 
-func (h *handler) newPage(w http.ResponseWriter, r *http.Request, data any) page {
+func (h *handler) newPage(ctx context.Context, w http.ResponseWriter, r *http.Request, data any) page {
 	p := page{
-		Title:   h.cfg.Title,
-		Dialect: h.store.dialectName(),
-		Root:    root(r),
-		Now:     time.Now().UTC(),
-		Data:    data,
+		Title: h.cfg.Title,
+		Where: h.store.location(ctx),
+		Root:  root(r),
+		Now:   time.Now().UTC(),
+		Data:  data,
 	}
 	if h.allowed(r) {
 		p.CanChange = true
-		p.Token = ensureToken(w, r)
+		p.Token = h.formToken(w, r)
 	}
 	return p
 }
 
-func (h *handler) allowed(r *http.Request) bool {
-	return h.cfg.Authorize != nil && h.cfg.Authorize(r)
-}
-
 // render executes a template into a buffer first, so that a failure
 // yields a clean error page rather than half a page.
-func (h *handler) render(w http.ResponseWriter, status int, name string, p page) {
+func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
 	var buf bytes.Buffer
 	if err := h.pages.ExecuteTemplate(&buf, name, p); err != nil {
-		h.cfg.Logger.Error("millbox admin: render page", "template", name, "error", err)
-		http.Error(w, "millbox admin: cannot render the page", http.StatusInternalServerError)
+		ref := h.incidents.report(r.URL.Path, fmt.Errorf("render %s: %w", name, err))
+		http.Error(w, "millbox admin: cannot render the page (reference "+ref+")", http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -181,19 +250,37 @@ type problem struct {
 	Detail  string
 }
 
+// fail renders the error page. Its text comes from the handler, never
+// from a driver error or a request.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, heading, detail string) {
-	p := page{Title: h.cfg.Title, Dialect: h.store.dialectName(), Root: root(r), Now: time.Now().UTC(),
+	p := page{Title: h.cfg.Title, Where: h.store.cached(), Root: root(r), Now: time.Now().UTC(),
 		Data: problem{Status: status, Heading: heading, Detail: detail}}
-	h.render(w, status, "problem", p)
+	h.render(w, r, status, "problem", p)
 }
 
-func (h *handler) dbError(w http.ResponseWriter, r *http.Request, err error) {
-	h.cfg.Logger.Error("millbox admin: database", "path", r.URL.Path, "error", err)
-	status := http.StatusInternalServerError
-	if errors.Is(err, context.DeadlineExceeded) {
-		status = http.StatusGatewayTimeout
+// serverError answers a failure of the database with a generic page and
+// a reference id; the detail goes to the log once per cause.
+func (h *handler) serverError(w http.ResponseWriter, r *http.Request, err error) {
+	ref := h.incidents.report(r.URL.Path, err)
+	status, heading, detail := http.StatusInternalServerError, "The database could not answer",
+		"The request failed on the server."
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		status, heading, detail = http.StatusGatewayTimeout, "The database did not answer in time",
+			"The request took longer than the page allows."
+	case errors.Is(err, sqladapters.ErrMissingTable):
+		heading, detail = "The millbox tables are missing",
+			"Create them with `millbox migrate up` (or sqladapters.Migrate) with the names this page is configured with."
 	}
-	h.fail(w, r, status, "The database could not answer", err.Error())
+	h.fail(w, r, status, heading, detail+" Reference "+ref+": the application's log has the detail.")
+}
+
+func (h *handler) badRequest(w http.ResponseWriter, r *http.Request, err error) {
+	h.fail(w, r, http.StatusBadRequest, "Bad request", err.Error()+".")
+}
+
+func (h *handler) forbidden(w http.ResponseWriter, r *http.Request) {
+	h.fail(w, r, http.StatusForbidden, "Not allowed", "You may not see this page.")
 }
 
 func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
@@ -202,7 +289,7 @@ func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) crossOrigin(w http.ResponseWriter, r *http.Request) {
 	h.cfg.Logger.Warn("millbox admin: refused a cross-origin request", "path", r.URL.Path,
-		"origin", r.Header.Get("Origin"), "sec_fetch_site", r.Header.Get("Sec-Fetch-Site"))
+		"origin", shorten(200, r.Header.Get("Origin")), "sec_fetch_site", shorten(40, r.Header.Get("Sec-Fetch-Site")))
 	h.fail(w, r, http.StatusForbidden, "Cross-origin request refused",
 		"Changes are accepted only from this page itself, not from another site.")
 }
@@ -217,40 +304,34 @@ type overviewData struct {
 	Groups []ops.ErrorGroup
 	// GroupsCut is true when more groups exist than are shown.
 	GroupsCut bool
+	// Refresh is the reload interval in seconds, 0 when off, and
+	// RefreshChoices the ones the page offers.
+	Refresh        int64
+	RefreshChoices []int64
 }
 
-func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
+func (h *handler) overview(w http.ResponseWriter, r *http.Request, q params) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
-	var d overviewData
+	d := overviewData{RefreshChoices: []int64{10, 60}}
 	var err error
-	if d.Status, err = h.store.status(ctx); err != nil {
-		h.dbError(w, r, err)
+	if d.Status, err = h.store.status(ctx, h.cfg.Warnings); err != nil {
+		h.serverError(w, r, err)
 		return
 	}
 	if d.Groups, d.GroupsCut, err = h.store.groups(ctx, h.cfg.GroupLimit); err != nil {
-		h.dbError(w, r, err)
+		h.serverError(w, r, err)
 		return
 	}
-	p := h.newPage(w, r, d)
-	p.Notice = notice(r.URL.Query())
-	h.render(w, http.StatusOK, "overview", p)
-}
-
-// notice turns the counts a change redirects with into a sentence. Only
-// numbers travel in the address, so nobody can make the page say
-// anything else.
-func notice(q url.Values) string {
-	for _, a := range []action{actionRequeue, actionDiscard} {
-		if v := q.Get(a.done); v != "" {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 0 {
-				return ""
-			}
-			return fmt.Sprintf("%s %d dead letter%s.", a.past, n, plural(n))
-		}
+	refresh := h.cfg.Refresh
+	if q.refreshSet {
+		refresh = q.refresh
 	}
-	return ""
+	d.Refresh = int64(refresh / time.Second)
+	p := h.newPage(ctx, w, r, d)
+	p.Notice = q.notice
+	p.Refresh = d.Refresh
+	h.render(w, r, http.StatusOK, "overview", p)
 }
 
 func plural(n int64) string {
@@ -262,51 +343,74 @@ func plural(n int64) string {
 
 // listData is the data of the dead-letter list page.
 type listData struct {
-	Error   string
+	// Group is the error group listed, nil for a filter.
+	Group *sqladapters.ErrorFingerprint
+	// Query repeats the filter in the links to the next page, encoded
+	// by url.Values.
+	Query   template.URL
+	Filter  ops.Filter
 	Letters []sqladapters.DeadLetter
 	// Next is the id to continue after, 0 on the last page.
-	Next  int64
-	After int64
+	Next int64
 }
 
-func (h *handler) deadList(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	if !q.Has("error") {
-		h.fail(w, r, http.StatusBadRequest, "Which error group?", "The address names no error group.")
-		return
-	}
-	d := listData{Error: q.Get("error")}
-	if v := q.Get("after"); v != "" {
-		after, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || after < 0 {
-			h.fail(w, r, http.StatusBadRequest, "Bad address", "after must be a message id.")
+// Fingerprint is the group's fingerprint for the forms.
+func (d listData) Fingerprint() string { return d.Group.String() }
+
+func (h *handler) deadList(w http.ResponseWriter, r *http.Request, q params) {
+	d := listData{Group: q.group}
+	v := url.Values{}
+	if q.group != nil {
+		if q.topic != "" || q.key != "" || q.errText != "" {
+			h.badRequest(w, r, errors.New("parameter \"group\" selects an error group, which takes no other filter"))
 			return
 		}
-		d.After = after
+		d.Filter = ops.Filter{Fingerprint: q.group}
+		v.Set("group", q.group.String())
+	} else {
+		d.Filter = ops.Filter{Topic: q.topic, Key: q.key, ErrorContains: q.errText}
+		for name, val := range map[string]string{"topic": q.topic, "key": q.key, "error": q.errText} {
+			if val != "" {
+				v.Set(name, val)
+			}
+		}
 	}
+	d.Query = template.URL(v.Encode()) // encoded by url.Values: safe in the link
 	ctx, cancel := h.ctx(r)
 	defer cancel()
 	var err error
-	d.Letters, d.Next, err = h.store.letters(ctx, d.Error, d.After, h.cfg.PageSize)
+	d.Letters, d.Next, err = h.store.letters(ctx, d.Filter, q.after, h.cfg.PageSize)
 	if err != nil {
-		h.dbError(w, r, err)
+		h.serverError(w, r, err)
 		return
 	}
-	h.render(w, http.StatusOK, "list", h.newPage(w, r, d))
+	h.render(w, r, http.StatusOK, "list", h.newPage(ctx, w, r, d))
 }
 
 // letterData is the data of the page of one dead letter.
 type letterData struct {
-	Letter   sqladapters.DeadLetter
-	Metadata []metaPair
+	Letter sqladapters.DeadLetter
+	// Topic, UUID, Key and Error are the letter's fields as shown.
+	Topic, UUID, Key, Error field
+	Metadata                []metaPair
 	// MetadataRaw is shown when the metadata is not a JSON object.
-	MetadataRaw string
+	MetadataRaw field
 	Payload     payloadView
+	// Full is true when the page shows every field whole.
+	Full bool
 }
 
-func (h *handler) deadLetter(w http.ResponseWriter, r *http.Request) {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id <= 0 {
+// Fingerprint is the letter's group's fingerprint for the links.
+func (d letterData) Fingerprint() string { return d.Letter.Fingerprint.String() }
+
+// Cut reports whether any field is shown in part.
+func (d letterData) Cut() bool {
+	return d.Topic.Cut() || d.UUID.Cut() || d.Key.Cut() || d.Error.Cut() || d.MetadataRaw.Cut() || d.Payload.Cut()
+}
+
+func (h *handler) deadLetter(w http.ResponseWriter, r *http.Request, q params) {
+	id, err := parseCount(r.PathValue("id"))
+	if err != nil || id == 0 {
 		h.notFound(w, r)
 		return
 	}
@@ -314,7 +418,7 @@ func (h *handler) deadLetter(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	l, found, err := h.store.letter(ctx, id)
 	if err != nil {
-		h.dbError(w, r, err)
+		h.serverError(w, r, err)
 		return
 	}
 	if !found {
@@ -322,9 +426,18 @@ func (h *handler) deadLetter(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("Message %d is not a dead letter: it was requeued, published or discarded.", id))
 		return
 	}
-	d := letterData{Letter: l, Payload: viewPayload(l.Payload, h.cfg.MaxPayloadBytes)}
-	d.Metadata, d.MetadataRaw = viewMetadata(l.Metadata)
-	h.render(w, http.StatusOK, "letter", h.newPage(w, r, d))
+	max := h.cfg.MaxFieldBytes
+	d := letterData{
+		Letter: l, Full: q.full,
+		Topic: viewField(l.Topic, max, q.full), UUID: viewField(l.UUID, max, q.full),
+		Key: viewField(l.Key, max, q.full), Error: viewField(l.LastError, max, q.full),
+	}
+	if q.full {
+		max = len(l.Payload) + len(l.Metadata) + 1
+	}
+	d.Payload = viewPayload(l.Payload, max)
+	d.Metadata, d.MetadataRaw = viewMetadata(l.Metadata, max, q.full)
+	h.render(w, r, http.StatusOK, "letter", h.newPage(ctx, w, r, d))
 }
 
 // action is a change the page offers.
@@ -342,82 +455,78 @@ var (
 )
 
 // change handles a POST of a. CrossOriginProtection has already refused
-// cross-origin browsers; here the request must be authorized and carry the
-// token of a form this handler rendered.
+// cross-origin browsers; here the request must be viewable and
+// authorized, its form valid, and its token that of a form this handler
+// rendered for this browser.
 func (h *handler) change(a action) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if !h.viewable(r) {
+			h.forbidden(w, r)
+			return
+		}
 		if !h.allowed(r) {
 			h.cfg.Logger.Warn("millbox admin: refused an unauthorized change", "action", a.name)
 			h.fail(w, r, http.StatusForbidden, "Not allowed",
 				"This page is read-only for you: changes need the permission the application grants.")
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
-		if err := r.ParseForm(); err != nil {
-			h.fail(w, r, http.StatusBadRequest, "Bad form", err.Error())
+		r.Body = http.MaxBytesReader(w, r.Body, maxQueryBytes)
+		if r.URL.RawQuery != "" {
+			h.badRequest(w, r, errors.New("a change takes its parameters in the form, not in the address"))
 			return
 		}
-		if !validToken(r, r.PostForm.Get(tokenField)) {
+		if err := r.ParseForm(); err != nil {
+			h.badRequest(w, r, errors.New("the form is not well formed or longer than "+strconv.Itoa(maxQueryBytes)+" bytes"))
+			return
+		}
+		p, err := parseParams(r.PostForm, tokenField, "id", "group", "confirm")
+		if err != nil {
+			h.badRequest(w, r, err)
+			return
+		}
+		if !h.validToken(r, p.token) {
 			h.cfg.Logger.Warn("millbox admin: refused a change without a valid form token", "action", a.name)
 			h.fail(w, r, http.StatusForbidden, "Form expired",
 				"The form did not carry this browser's token. Reload the page and try again.")
 			return
 		}
-		sel, err := parseSelection(r.PostForm)
-		if err != nil {
-			h.fail(w, r, http.StatusBadRequest, "Bad form", err.Error())
+		switch {
+		case p.id != 0 && p.group != nil:
+			h.badRequest(w, r, errors.New("give either parameter \"id\" or \"group\", not both"))
 			return
-		}
-		if a.confirm && r.PostForm.Get("confirm") != "yes" {
+		case p.id == 0 && p.group == nil:
+			h.badRequest(w, r, errors.New("the form names no message (parameter \"id\") and no error group (parameter \"group\")"))
+			return
+		case a.confirm && !p.confirm:
 			h.fail(w, r, http.StatusBadRequest, "Not confirmed",
 				"Tick the confirmation box to "+a.name+": discarded messages cannot be recovered.")
 			return
 		}
+		if !h.acquire(w, r) {
+			return
+		}
+		defer h.release()
 		ctx, cancel := h.ctx(r)
 		defer cancel()
 		var n int64
 		switch a {
 		case actionRequeue:
-			n, err = h.store.requeue(ctx, sel)
+			n, err = h.store.requeue(ctx, p)
 		case actionDiscard:
-			n, err = h.store.discard(ctx, sel)
+			n, err = h.store.discard(ctx, p)
 		}
 		if err != nil {
-			h.dbError(w, r, err)
+			h.serverError(w, r, err)
 			return
 		}
-		if sel.ByError {
-			h.cfg.Logger.Info("millbox admin: "+a.name, "error_group", shorten(200, sel.Error), "rows", n)
+		if p.group != nil {
+			h.cfg.Logger.Info("millbox admin: "+a.name, "error_group", p.group.String(), "rows", n)
 		} else {
-			h.cfg.Logger.Info("millbox admin: "+a.name, "id", sel.ID, "rows", n)
+			h.cfg.Logger.Info("millbox admin: "+a.name, "id", p.id, "rows", n)
 		}
 		// A relative Location: http.Redirect would resolve it against the
 		// path StripPrefix left, which lacks the prefix.
 		w.Header().Set("Location", "./?"+a.done+"="+strconv.FormatInt(n, 10))
 		w.WriteHeader(http.StatusSeeOther)
 	}
-}
-
-// selection is what a change applies to: one dead letter, or every dead
-// letter whose last error is exactly Error.
-type selection struct {
-	ID      int64
-	ByError bool
-	Error   string
-}
-
-func parseSelection(f url.Values) (selection, error) {
-	switch {
-	case f.Has("id") && f.Has("error"):
-		return selection{}, errors.New("give either id or error, not both")
-	case f.Has("id"):
-		id, err := strconv.ParseInt(f.Get("id"), 10, 64)
-		if err != nil || id <= 0 {
-			return selection{}, errors.New("id must be a message id")
-		}
-		return selection{ID: id}, nil
-	case f.Has("error"):
-		return selection{ByError: true, Error: f.Get("error")}, nil
-	}
-	return selection{}, errors.New("the form names no message (id) and no error group (error)")
 }

@@ -83,7 +83,7 @@ func TestMySQLValuesOnServer(t *testing.T) {
 			if _, err := d.RecordFailure(ctx, db, sqladapters.Failure{ID: got[0].ID, Attempts: 1, Error: "boom \xff", Dead: true}); err != nil {
 				t.Fatal(err)
 			}
-			dls, err := d.ListDeadLetters(ctx, db, 0, 10)
+			dls, err := d.ListDeadLetters(ctx, db, sqladapters.DeadLetterQuery{Limit: 10})
 			if err != nil {
 				t.Fatal(err)
 			}

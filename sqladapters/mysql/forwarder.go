@@ -8,28 +8,31 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
-const rowColumns = "o.id, o.topic, o.uuid, o.payload, o.metadata, o.`key`, o.attempts"
+const rowColumns = "o.id, o.topic, o.uuid, o.payload, o.metadata, o.`key`, o.attempts, o.key_hash"
 
-// Values of the outbox's generated state column.
+// Values of the outbox's generated state column, which rows had before
+// version 5 moved dead and kept rows to tables of their own.
 const (
-	statePending = "0"
-	stateDead    = "1"
+	stateDead      = "1"
+	statePublished = "2"
 )
 
-// SelectPending reads due rows in id order through state_idx. A row whose
-// key has an earlier row backing off after a failure is left out, so the
-// key keeps its order. The backoff check looks up the key's hash in
-// retry_idx, which holds only rows waiting for a retry, and then compares
-// the keys: rows with equal keys have equal hashes (the hash also places
-// the key in its partition).
+// SelectPending reads due rows in id order through the primary key: the
+// outbox holds only rows that still have to go, so the read walks no dead
+// or kept row. A row whose key has an earlier row backing off after a
+// failure is left out, so the key keeps its order. The backoff check looks
+// the key's hash up in the retry markers, which hold only rows waiting for
+// a retry, and then compares the keys of the outbox rows they mark: rows
+// with equal keys have equal hashes (the hash also places the key in its
+// partition), and a marker whose row is gone marks nothing.
 //
-// Both indexes are forced. The optimizer, going by statistics, would
-// otherwise scan the whole table for the check of every row (retry_idx
-// holds mostly NULLs), or walk the primary key over dead and kept rows.
+// The primary keys are forced: the optimizer, going by statistics, may
+// otherwise sort the outbox instead of reading it in id order, or scan the
+// markers, whose table is empty most of the time, for every row.
 func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
-	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o FORCE INDEX (state_idx)
-WHERE o.state = ` + statePending + ` AND o.next_attempt_at <= ` + now)
+	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o FORCE INDEX (PRIMARY)
+WHERE o.next_attempt_at <= ` + now)
 	if q.Owned != nil {
 		if len(q.Owned) == 0 {
 			b.WriteString(` AND FALSE`)
@@ -43,22 +46,33 @@ WHERE o.state = ` + statePending + ` AND o.next_attempt_at <= ` + now)
 	if q.After > 0 {
 		b.WriteString(` AND o.id > ` + strconv.FormatInt(q.After, 10))
 	}
+	var args []any
+	if len(q.SkipKeys) > 0 {
+		b.WriteString(` AND (o.` + "`key`" + ` IS NULL OR o.` + "`key`" + ` NOT IN (?` + strings.Repeat(`, ?`, len(q.SkipKeys)-1) + `))`)
+		for _, k := range q.SkipKeys {
+			args = append(args, k)
+		}
+	}
 	b.WriteString(`
 AND (o.` + "`key`" + ` IS NULL OR NOT EXISTS (
-	SELECT 1 FROM ` + d.outbox + ` p FORCE INDEX (retry_idx)
-	WHERE p.retry_hash = o.key_hash AND p.next_attempt_at > ` + now + ` AND p.id < o.id
+	SELECT 1 FROM ` + d.retries + ` r FORCE INDEX (PRIMARY) JOIN ` + d.outbox + ` p ON p.id = r.id
+	WHERE r.key_hash = o.key_hash AND r.id < o.id AND r.next_attempt_at > ` + now + `
 	AND p.` + "`key`" + ` = o.` + "`key`" + `))
 ORDER BY o.id LIMIT ?`)
-	return sqladapters.Query{SQL: b.String(), Args: []any{q.Limit}}
+	return sqladapters.Query{SQL: b.String(), Args: append(args, q.Limit)}
 }
 
-// CompleteForwarded deletes published rows, or stamps published_at.
-func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
-	where := ` WHERE ` + idIn("id", ids)
-	if keep {
-		return sqladapters.Query{SQL: `UPDATE ` + d.outbox + ` SET published_at = ` + now + where}
+// CompleteForwarded deletes published rows, or moves them to the kept
+// table: an insert of copies, then the delete, in one transaction.
+func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) []sqladapters.Query {
+	del := sqladapters.Query{SQL: `DELETE FROM ` + d.outbox + ` WHERE ` + idIn("id", ids)}
+	if !keep {
+		return []sqladapters.Query{del}
 	}
-	return sqladapters.Query{SQL: `DELETE FROM ` + d.outbox + where}
+	return []sqladapters.Query{{
+		SQL: `INSERT INTO ` + d.kept + ` (` + messageColumns + `, published_at)
+SELECT ` + messageColumns + `, ` + now + ` FROM ` + d.outbox + ` WHERE ` + idIn("id", ids),
+	}, del}
 }
 
 // idIn renders "col IN (ids)", or FALSE for no ids (MySQL refuses "IN ()").
@@ -69,17 +83,39 @@ func idIn[T int | int64](col string, ids []T) string {
 	return col + ` IN (` + intList(ids) + `)`
 }
 
-// RecordFailure stores the attempt count, error and next attempt time.
-func (d *sqlDialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
-	dead := `NULL`
+// RecordFailure stores the attempt count, error and next attempt time,
+// and marks a keyed row as waiting for a retry; a dead row moves to the
+// dead letters' table. Either way the key hash's markers of this row and
+// of retries already due go: a marker outlives its row only when the row
+// was published while it waited (a call past PublishTimeout that
+// delivered after all), and then until its key fails again.
+func (d *sqlDialect) RecordFailure(f sqladapters.Failure) []sqladapters.Query {
+	text := cleanText(f.Error, maxErrorBytes)
+	fp := sqladapters.FingerprintError(text)
+	unmark := sqladapters.Query{
+		SQL: `DELETE FROM ` + d.retries + ` WHERE key_hash = (SELECT key_hash FROM ` + d.outbox + ` WHERE id = ?)
+AND (id = ? OR next_attempt_at <= ` + now + `)`,
+		Args: []any{f.ID, f.ID},
+	}
 	if f.Dead {
-		dead = now
+		return []sqladapters.Query{{
+			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, dead_at)
+SELECT ` + messageColumns + `, ?, ?, ?, ` + now + ` FROM ` + d.outbox + ` WHERE id = ?`,
+			Args: []any{f.Attempts, text, fp[:], f.ID},
+		}, unmark, {
+			SQL:  `DELETE FROM ` + d.outbox + ` WHERE id = ?`,
+			Args: []any{f.ID},
+		}}
 	}
-	return sqladapters.Query{
-		SQL: `UPDATE ` + d.outbox + ` SET attempts = ?, last_error = ?, next_attempt_at = ` + nowPlus + `, dead_at = ` + dead + `
+	return []sqladapters.Query{{
+		SQL: `UPDATE ` + d.outbox + ` SET attempts = ?, last_error = ?, error_fp = ?, next_attempt_at = ` + nowPlus + `
 WHERE id = ?`,
-		Args: []any{f.Attempts, cleanText(f.Error, maxErrorBytes), micros(f.Backoff), f.ID},
-	}
+		Args: []any{f.Attempts, text, fp[:], micros(f.Backoff), f.ID},
+	}, unmark, {
+		SQL: `INSERT INTO ` + d.retries + ` (key_hash, id, next_attempt_at)
+SELECT key_hash, id, next_attempt_at FROM ` + d.outbox + " WHERE id = ? AND `key` IS NOT NULL",
+		Args: []any{f.ID},
+	}}
 }
 
 // cleanText makes s storable in a utf8mb4 TEXT column under strict mode:
@@ -98,23 +134,16 @@ func cleanText(s string, limit int) string {
 
 func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
 
-// ListDeadLetters pages through dead rows.
-func (d *sqlDialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
-	return sqladapters.Query{
-		SQL: `SELECT ` + rowColumns + `, COALESCE(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
-WHERE o.state = ` + stateDead + ` AND o.id > ? ORDER BY o.id LIMIT ?`,
-		Args: []any{afterID, limit},
-	}
-}
-
-// RequeueDeadLetters makes dead rows pending again. Their last error stays
-// until they are published.
-func (d *sqlDialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
-	q := `UPDATE ` + d.outbox + ` SET dead_at = NULL, attempts = 0, next_attempt_at = ` + now + ` WHERE state = ` + stateDead
-	if ids == nil {
-		return sqladapters.Query{SQL: q}
-	}
-	return sqladapters.Query{SQL: q + ` AND ` + idIn("id", ids)}
+// RequeueDeadLetters moves dead letters back into the outbox under their
+// ids: an insert of copies, then the delete, in one transaction. Their
+// last error and its fingerprint go along.
+func (d *sqlDialect) RequeueDeadLetters(ids []int64) []sqladapters.Query {
+	return []sqladapters.Query{{
+		SQL: `INSERT INTO ` + d.outbox + ` (` + messageColumns + `, next_attempt_at, last_error, error_fp, requeued_at)
+SELECT ` + messageColumns + `, ` + now + `, last_error, error_fp, ` + now + ` FROM ` + d.dead + ` WHERE ` + idIn("id", ids),
+	}, {
+		SQL: `DELETE FROM ` + d.dead + ` WHERE ` + idIn("id", ids),
+	}}
 }
 
 // partitionsPerInsert bounds the VALUES list of one EnsurePartitions
@@ -229,14 +258,7 @@ func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqlada
 	}
 }
 
-// CountOutbox counts pending and dead rows.
-func (d *sqlDialect) CountOutbox() sqladapters.Query {
-	return sqladapters.Query{SQL: `SELECT
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + statePending + `),
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + stateDead + `)`}
-}
-
-// SelectPendingWithAge is SelectPending with an eighth column: each row's
+// SelectPendingWithAge is SelectPending with a ninth column: each row's
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.

@@ -102,10 +102,146 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 )` + tableOptions,
 		},
 	}}
+	ms = append(ms, sqladapters.Migration{
+		Version: 4,
+		Name:    "error fingerprints and requeue times",
+		Statements: append(d.alterIfMissing("error_fp",
+			// A failure stores its error's fingerprint (the first 16 bytes
+			// of its SHA-256, sqladapters.FingerprintError), so that the
+			// dead letters of one error are found through dead_fp_idx and
+			// addressed by it; a requeue stores its time, from which the
+			// age of a pending row counts. MySQL has no partial indexes:
+			// the index holds every row, the pending ones under state 0.
+			// Processes of this version record failures with a
+			// fingerprint: apply it before they start, or let them run
+			// Migrate at start. Older processes work on it unchanged.
+			`ALTER TABLE `+d.outbox+` ADD COLUMN error_fp BINARY(16) NULL, ADD COLUMN requeued_at DATETIME(6) NULL, ADD KEY dead_fp_idx (state, error_fp, id)`),
+			// Rows that failed before: the retrying and the dead ones.
+			`UPDATE `+d.outbox+` SET error_fp = `+fingerprintSQL(`last_error`)+` WHERE last_error IS NOT NULL AND error_fp IS NULL`),
+	})
+	ms = append(ms, sqladapters.Migration{
+		Version:    5,
+		Name:       "dead letters and kept rows in tables of their own",
+		Statements: d.ownTables(),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}
 	return ms
+}
+
+// messageColumns are the columns a message keeps in every table it passes
+// through, in this order.
+const messageColumns = "id, topic, uuid, payload, metadata, `key`, key_hash, created_at"
+
+// messageColumnsDDL are the columns of messageColumns after id, as the
+// tables of dead letters and kept rows declare them; their rows keep the
+// ids they had in the outbox.
+const messageColumnsDDL = `
+	topic        LONGTEXT     CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+	uuid         LONGTEXT     CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+	payload      LONGBLOB     NOT NULL,
+	metadata     LONGTEXT     NOT NULL,
+	` + "`key`" + `        LONGTEXT     CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+	key_hash     INT          NOT NULL,
+	created_at   DATETIME(6)  NOT NULL,`
+
+// ownTables returns the statements of version 5: the tables of dead
+// letters, kept rows and retry markers, the move of the outbox's dead and
+// kept rows into them, and the end of the outbox's secondary indexes.
+//
+// The outbox then holds only rows that still have to go, and an insert
+// maintains its primary key alone. MySQL has no partial indexes, so the
+// rows waiting for a retry are found through a table of markers instead
+// of an index of the outbox (see SelectPending). The generated columns
+// state and retry_hash stay, unindexed: dropping a stored column copies
+// the table.
+//
+// MySQL commits every DDL statement on its own: each statement finds its
+// work done when run again, and a move inserts what is missing before it
+// deletes. The moves lock the rows they move; dropping an index is an
+// in-place change that lets inserts go on. Stop forwarders of earlier
+// versions before applying it: they would mark rows dead or forwarded in
+// the outbox, where this version no longer looks for them.
+func (d *sqlDialect) ownTables() []string {
+	stmts := []string{
+		`CREATE TABLE IF NOT EXISTS ` + d.dead + ` (
+	id           BIGINT       NOT NULL,` + messageColumnsDDL + `
+	attempts     INT          NOT NULL,
+	last_error   TEXT         NULL,
+	error_fp     BINARY(16)   NULL,
+	dead_at      DATETIME(6)  NOT NULL,
+	PRIMARY KEY (id),
+	KEY fp_idx (error_fp, id)
+)` + tableOptions,
+		`CREATE TABLE IF NOT EXISTS ` + d.kept + ` (
+	id           BIGINT       NOT NULL,` + messageColumnsDDL + `
+	published_at DATETIME(6)  NOT NULL,
+	PRIMARY KEY (id)
+)` + tableOptions,
+		// One marker per keyed row waiting for a retry, by key hash.
+		`CREATE TABLE IF NOT EXISTS ` + d.retries + ` (
+	key_hash        INT          NOT NULL,
+	id              BIGINT       NOT NULL,
+	next_attempt_at DATETIME(6)  NOT NULL,
+	PRIMARY KEY (key_hash, id)
+)` + tableOptions,
+		`INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, dead_at)
+SELECT ` + messageColumns + `, attempts, last_error, error_fp, dead_at FROM ` + d.outbox + ` WHERE state = ` + stateDead + `
+ON DUPLICATE KEY UPDATE id = ` + d.dead + `.id`,
+		`DELETE FROM ` + d.outbox + ` WHERE state = ` + stateDead,
+		`INSERT INTO ` + d.kept + ` (` + messageColumns + `, published_at)
+SELECT ` + messageColumns + `, published_at FROM ` + d.outbox + ` WHERE state = ` + statePublished + `
+ON DUPLICATE KEY UPDATE id = ` + d.kept + `.id`,
+		`DELETE FROM ` + d.outbox + ` WHERE state = ` + statePublished,
+		`INSERT INTO ` + d.retries + ` (key_hash, id, next_attempt_at)
+SELECT key_hash, id, next_attempt_at FROM ` + d.outbox + " WHERE attempts > 0 AND `key` IS NOT NULL" + `
+ON DUPLICATE KEY UPDATE next_attempt_at = ` + d.retries + `.next_attempt_at`,
+	}
+	for _, index := range []string{"state_idx", "retry_idx", "dead_fp_idx"} {
+		stmts = append(stmts, d.alterWhen(`(SELECT COUNT(*) FROM information_schema.statistics
+	WHERE table_schema = `+d.schemaExpr()+` AND LOWER(table_name) = LOWER('`+d.opts.OutboxTable+`') AND index_name = '`+index+`') > 0`,
+			`ALTER TABLE `+d.outbox+` DROP INDEX `+index)...)
+	}
+	return stmts
+}
+
+// fingerprintSQL computes sqladapters.FingerprintError of the text
+// expression t in SQL: the first 16 bytes of the SHA-256 of its utf8mb4
+// (UTF-8) bytes.
+func fingerprintSQL(t string) string {
+	return `UNHEX(LEFT(SHA2(` + t + `, 256), 32))`
+}
+
+// alterIfMissing returns the statements that run alter when the outbox
+// has no column named column, and do nothing when it has. MySQL has no
+// ADD COLUMN IF NOT EXISTS (MariaDB has), and a migration's statements
+// must be idempotent here, where DDL commits on its own: the statement is
+// chosen in SQL and run as a prepared statement. The table names are
+// validated identifiers, so they embed in a string literal as they are.
+func (d *sqlDialect) alterIfMissing(column, alter string) []string {
+	return d.alterWhen(`(SELECT COUNT(*) FROM information_schema.columns
+	WHERE table_schema = `+d.schemaExpr()+` AND LOWER(table_name) = LOWER('`+d.opts.OutboxTable+`') AND column_name = '`+column+`') = 0`, alter)
+}
+
+// alterWhen returns the statements that run alter when the SQL condition
+// cond holds, and do nothing otherwise (see alterIfMissing). alter must
+// hold no single quote.
+func (d *sqlDialect) alterWhen(cond, alter string) []string {
+	return []string{
+		`SET @millbox_ddl = IF(` + cond + `, '` + alter + `', 'DO 0')`,
+		`PREPARE millbox_ddl FROM @millbox_ddl`,
+		`EXECUTE millbox_ddl`,
+		`DEALLOCATE PREPARE millbox_ddl`,
+	}
+}
+
+// schemaExpr is the SQL of the database holding the tables.
+func (d *sqlDialect) schemaExpr() string {
+	if d.opts.Database != "" {
+		return `'` + d.opts.Database + `'`
+	}
+	return `DATABASE()`
 }
 
 // inboxVersion is the migration that creates the inbox.
@@ -165,6 +301,13 @@ func (d *sqlDialect) CreateMigrationsTable() []sqladapters.Query {
 	applied_at DATETIME(6)  NOT NULL,
 	PRIMARY KEY (version)
 )` + tableOptions})
+}
+
+// Schema returns Options.Database, and the statement selecting the
+// connection's default database, which unqualified names resolve to, for
+// when it is "".
+func (d *sqlDialect) Schema() (string, sqladapters.Query) {
+	return d.opts.Database, sqladapters.Query{SQL: `SELECT DATABASE()`}
 }
 
 // AppliedMigrations selects the applied versions.

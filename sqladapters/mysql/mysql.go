@@ -86,9 +86,10 @@ type Options struct {
 	// in the connection's default database, the one named in the DSN).
 	// Migrate creates it if missing.
 	Database string
-	// OutboxTable defaults to DefaultOutboxTable. The lease, member and
-	// migration tables are named after it with suffixes _leases, _members
-	// and _migrations.
+	// OutboxTable defaults to DefaultOutboxTable. The tables of dead
+	// letters, of forwarded rows kept for audit, of retry markers, of
+	// leases, members and migrations are named after it with the suffixes
+	// _dead, _kept, _retries, _leases, _members and _migrations.
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
@@ -142,6 +143,7 @@ var _ sqladapters.Dialect = (*Dialect)(nil)
 type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
+	dead, kept, retries                     string
 }
 
 // New validates opts, applies defaults and returns the dialect.
@@ -168,6 +170,9 @@ func newSQL(opts Options) (*sqlDialect, error) {
 	d.leases = d.qualify(opts.OutboxTable + "_leases")
 	d.members = d.qualify(opts.OutboxTable + "_members")
 	d.migrate = d.qualify(opts.OutboxTable + "_migrations")
+	d.dead = d.qualify(opts.OutboxTable + "_dead")
+	d.kept = d.qualify(opts.OutboxTable + "_kept")
+	d.retries = d.qualify(opts.OutboxTable + "_retries")
 	return d, nil
 }
 
@@ -215,7 +220,7 @@ func (o Options) validate() error {
 // tableNames lists every table an installation creates.
 func tableNames(o Options) []string {
 	t := o.OutboxTable
-	return []string{t, t + "_leases", t + "_members", t + "_migrations", o.InboxTable}
+	return []string{t, t + "_leases", t + "_members", t + "_migrations", o.InboxTable, t + "_dead", t + "_kept", t + "_retries"}
 }
 
 // MustNew is New that panics on invalid options, for package-level
@@ -261,11 +266,12 @@ func (d *sqlDialect) OutboxTable() string { return d.outbox }
 func (d *sqlDialect) InboxTable() string { return d.inbox }
 
 // Tables returns the quoted, qualified names of every table Migrate
-// creates: outbox, leases, members, inbox, and the version table last.
+// creates: outbox, leases, members, inbox, the version table, then the
+// dead letters, the kept rows and the retry markers.
 func (d *Dialect) Tables() []string { return d.sql.tables() }
 
 func (d *sqlDialect) tables() []string {
-	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate}
+	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate, d.dead, d.kept, d.retries}
 }
 
 // Database returns Options.Database, "" when names are unqualified.

@@ -22,7 +22,8 @@ func TestMySQLNewDefaults(t *testing.T) {
 	if o := d.Options(); o.MigrationLockTimeout != DefaultMigrationLockTimeout || o.MaxInsertBytes != DefaultMaxInsertBytes {
 		t.Fatalf("defaults not applied: %+v", o)
 	}
-	want := []string{"`millbox_outbox`", "`millbox_outbox_leases`", "`millbox_outbox_members`", "`millbox_inbox`", "`millbox_outbox_migrations`"}
+	want := []string{"`millbox_outbox`", "`millbox_outbox_leases`", "`millbox_outbox_members`", "`millbox_inbox`", "`millbox_outbox_migrations`",
+		"`millbox_outbox_dead`", "`millbox_outbox_kept`", "`millbox_outbox_retries`"}
 	if got := d.Tables(); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("tables %v", got)
 	}
@@ -185,7 +186,7 @@ func TestMySQLLockMigrations(t *testing.T) {
 
 func TestMySQLMigrationSQL(t *testing.T) {
 	script := sqladapters.MigrationSQL(MustNew(Options{}))
-	if n := strings.Count(script, "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;"); n != 4 {
+	if n := strings.Count(script, "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;"); n != 7 {
 		t.Fatalf("%d InnoDB utf8mb4 tables in\n%s", n, script)
 	}
 	for _, want := range []string{"payload         LONGBLOB", "metadata        LONGTEXT", "DATETIME(6)", "PRIMARY KEY (consumer, message_id)", "KEY received_idx (received_at)"} {
@@ -215,15 +216,19 @@ func TestMySQLFitKey(t *testing.T) {
 
 func TestMySQLRecordFailureCleansError(t *testing.T) {
 	d := MustNew(Options{}).sql
-	q := d.RecordFailure(sqladapters.Failure{ID: 9, Attempts: 3, Error: "bad \xff byte", Backoff: 1500 * time.Millisecond})
-	if q.Args[1] != "bad \uFFFD byte" || q.Args[2] != int64(1500000) || q.Args[3] != int64(9) {
-		t.Fatalf("args %q", q.Args)
+	qs := d.RecordFailure(sqladapters.Failure{ID: 9, Attempts: 3, Error: "bad \xff byte", Backoff: 1500 * time.Millisecond})
+	q := qs[0]
+	fp := sqladapters.FingerprintError("bad \uFFFD byte")
+	if q.Args[1] != "bad \uFFFD byte" || string(q.Args[2].([]byte)) != string(fp[:]) || q.Args[3] != int64(1500000) || q.Args[4] != int64(9) {
+		t.Fatalf("args %q: the cleaned error, its fingerprint, the backoff and the id", q.Args)
 	}
-	if !strings.Contains(q.SQL, "dead_at = NULL") {
-		t.Fatalf("live failure:\n%s", q.SQL)
+	if !strings.HasPrefix(q.SQL, "UPDATE "+d.outbox) || len(qs) != 3 || !strings.HasPrefix(qs[2].SQL, "INSERT INTO "+d.retries) {
+		t.Fatalf("live failure: the update and the retry marker:\n%v", qs)
 	}
-	if q := d.RecordFailure(sqladapters.Failure{Dead: true}); !strings.Contains(q.SQL, "dead_at = UTC_TIMESTAMP(6)") {
-		t.Fatalf("dead failure:\n%s", q.SQL)
+	dead := d.RecordFailure(sqladapters.Failure{ID: 9, Attempts: 3, Error: "bad \xff byte", Dead: true})
+	if len(dead) != 3 || !strings.HasPrefix(dead[0].SQL, "INSERT INTO "+d.dead) || dead[0].Args[1] != "bad \uFFFD byte" ||
+		!strings.HasPrefix(dead[2].SQL, "DELETE FROM "+d.outbox) {
+		t.Fatalf("dead failure: the copy into the dead letters and the delete:\n%v", dead)
 	}
 	long := strings.Repeat("é", maxErrorBytes) // two bytes each
 	s := cleanText("x"+long, maxErrorBytes)
@@ -247,8 +252,8 @@ func TestMySQLIntLists(t *testing.T) {
 	if got := idIn("id", []int64{-1, 0, 9223372036854775807}); got != "id IN (-1,0,9223372036854775807)" {
 		t.Fatal(got)
 	}
-	if q := MustNew(Options{}).sql.CompleteForwarded(nil, false); !strings.HasSuffix(q.SQL, "WHERE FALSE") {
-		t.Fatal(q.SQL)
+	if qs := MustNew(Options{}).sql.CompleteForwarded(nil, false); !strings.HasSuffix(qs[0].SQL, "WHERE FALSE") {
+		t.Fatal(qs[0].SQL)
 	}
 }
 

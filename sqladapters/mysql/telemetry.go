@@ -2,12 +2,16 @@ package mysql
 
 import "github.com/millbox/millbox/sqladapters"
 
-// OutboxStats counts pending and dead rows through state_idx and measures
-// the age of the oldest pending row by the database clock.
+// OutboxStats counts the pending rows (the whole outbox) and the dead
+// letters and measures how long the oldest pending row has waited by the
+// database clock. The row with the lowest id stands in for the oldest; as
+// a requeued row waits from its requeue, the lowest row never requeued is
+// measured too, so that an old row behind a fresh requeue still shows.
 func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + statePending + `),
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE state = ` + stateDead + `),
-	COALESCE((SELECT TIMESTAMPDIFF(MICROSECOND, created_at, ` + now + `) FROM ` + d.outbox + ` FORCE INDEX (state_idx)
-		WHERE state = ` + statePending + ` ORDER BY state, id LIMIT 1), 0)`}
+	(SELECT COUNT(*) FROM ` + d.outbox + `),
+	(SELECT COUNT(*) FROM ` + d.dead + `),
+	GREATEST(
+		COALESCE((SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY o.id LIMIT 1), 0),
+		COALESCE((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0))`}
 }

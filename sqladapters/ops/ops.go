@@ -2,14 +2,11 @@ package ops
 
 import (
 	"cmp"
-	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"time"
+	"strings"
 
 	"github.com/millbox/millbox/sqladapters"
-	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 // Defaults of the operations.
@@ -24,27 +21,18 @@ const (
 	DefaultListLimit = 100
 )
 
-var (
-	// ErrNotFound is returned by ShowDeadLetter when no dead row has the
-	// id.
-	ErrNotFound = errors.New("millbox: ops: no such dead letter")
-	// ErrUnsupportedDialect is returned by New for a dialect that is not
-	// one of millbox's database packages.
-	ErrUnsupportedDialect = errors.New("millbox: ops: the dialect is not one of sqladapters/postgres, mysql or sqlite")
-)
+// ErrNotFound is returned by ShowDeadLetter when no dead row has the id.
+var ErrNotFound = errors.New("millbox: no such dead letter")
 
 // Ops runs operations on one millbox installation. It is safe for
 // concurrent use.
 type Ops struct {
-	db      sqladapters.Executor
-	dialect sqladapters.Dialect
-	d       builder
+	db sqladapters.Executor
+	d  sqladapters.Dialect
 }
 
 // New returns the operations on the installation d describes, run on db (a
-// database handle such as pgxv5.WrapPool(pool) or stdsql.WrapDB(db)). It
-// fails with ErrUnsupportedDialect when d is not one of millbox's database
-// packages.
+// database handle such as pgxv5.WrapPool(pool) or stdsql.WrapDB(db)).
 func New(db sqladapters.Executor, d sqladapters.Dialect) (*Ops, error) {
 	if db == nil {
 		return nil, errors.New("millbox: ops.New: nil database")
@@ -52,105 +40,44 @@ func New(db sqladapters.Executor, d sqladapters.Dialect) (*Ops, error) {
 	if d == nil {
 		return nil, errors.New("millbox: ops.New: nil dialect")
 	}
-	b, _ := sqlstore.BuilderOf(d)
-	od, ok := b.(builder)
-	if !ok {
-		return nil, fmt.Errorf("%w: %T", ErrUnsupportedDialect, d)
-	}
-	return &Ops{db: db, dialect: d, d: od}, nil
+	return &Ops{db: db, d: d}, nil
 }
 
 // Dialect returns the dialect the operations run with.
-func (o *Ops) Dialect() sqladapters.Dialect { return o.dialect }
+func (o *Ops) Dialect() sqladapters.Dialect { return o.d }
 
-// Filter selects dead letters. Every set field must match; the zero Filter
-// matches every dead letter.
-type Filter struct {
-	// IDs, when not empty, limits the dead letters to these ids.
-	IDs []int64
-	// Topic, when set, is the exact topic.
-	Topic string
-	// Key, when set, is the exact ordering key.
-	Key string
-	// ErrorContains, when set, is a case-sensitive substring of the last
-	// error.
-	ErrorContains string
-	// OlderThan, when positive, keeps dead letters that died longer ago
-	// than this.
-	OlderThan time.Duration
-	// NewerThan, when positive, keeps dead letters that died within this
-	// long.
-	NewerThan time.Duration
+// Filter selects dead letters: every set field must match, and the zero
+// Filter matches every dead letter.
+type Filter = sqladapters.DeadLetterFilter
+
+// opError names the operation that failed. It leaves out the "millbox: "
+// its cause starts with, so that a message carries the prefix once.
+type opError struct {
+	op  string
+	err error
 }
 
-// IsZero reports whether f matches every dead letter.
-func (f Filter) IsZero() bool {
-	return len(f.IDs) == 0 && f.Topic == "" && f.Key == "" && f.ErrorContains == "" && f.OlderThan <= 0 && f.NewerThan <= 0
+func (e *opError) Error() string {
+	return "millbox: " + e.op + ": " + strings.TrimPrefix(e.err.Error(), "millbox: ")
 }
 
-// Where turns f into the dialect's Where, with ages measured back from
-// now.
-func (f Filter) Where(now time.Time) Where {
-	w := Where{IDs: f.IDs, Topic: f.Topic, Key: f.Key, ErrorContains: f.ErrorContains}
-	if f.OlderThan > 0 {
-		w.DeadBefore = now.Add(-f.OlderThan)
-	}
-	if f.NewerThan > 0 {
-		w.DeadAfter = now.Add(-f.NewerThan)
-	}
-	return w
-}
+func (e *opError) Unwrap() error { return e.err }
 
-// fail wraps err with the operation's name, classified by the dialect so
-// that a missing table says how to create it.
-func (o *Ops) fail(op string, err error) error {
-	return fmt.Errorf("millbox: %s: %w", op, o.d.ClassifyError(err))
-}
-
-// query runs q and calls scan for every row.
-func (o *Ops) query(ctx context.Context, op string, q sqladapters.Query, scan func(sqladapters.Rows) error) error {
-	rows, err := q.Query(ctx, o.db)
-	if err != nil {
-		return o.fail(op, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		if err := scan(rows); err != nil {
-			return o.fail(op, err)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return o.fail(op, err)
-	}
-	return nil
-}
-
-// count runs a query selecting one integer.
-func (o *Ops) count(ctx context.Context, op string, q sqladapters.Query) (int64, error) {
-	var n int64
-	err := o.query(ctx, op, q, func(r sqladapters.Rows) error { return r.Scan(&n) })
-	return n, err
-}
-
-// ids runs a query selecting one id column.
-func (o *Ops) ids(ctx context.Context, op string, q sqladapters.Query) ([]int64, error) {
-	var ids []int64
-	err := o.query(ctx, op, q, func(r sqladapters.Rows) error {
-		var id int64
-		if err := r.Scan(&id); err != nil {
-			return err
-		}
-		ids = append(ids, id)
+// fail wraps err with the operation's name; the dialect has classified it
+// already, so a missing table says how to create it.
+func fail(op string, err error) error {
+	if err == nil {
 		return nil
-	})
-	return ids, err
+	}
+	return &opError{op: op, err: err}
 }
 
-func micros(v sql.NullInt64) time.Duration {
-	if !v.Valid {
-		return 0
+func limitOf(n int) (int, error) {
+	n = cmp.Or(n, DefaultListLimit)
+	if n < 1 || n > MaxBatchSize {
+		return 0, fmt.Errorf("%w: limit must be between 1 and %d, got %d", sqladapters.ErrInvalidConfig, MaxBatchSize, n)
 	}
-	return time.Duration(v.Int64) * time.Microsecond
+	return n, nil
 }
 
 func batchSize(n int) (int, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,7 +92,7 @@ func (f *fixture) kill(id int64, errText string) {
 
 func (f *fixture) deadIDs(flt ops.Filter) []int64 {
 	f.t.Helper()
-	dls, err := f.o.ListDeadLetters(f.ctx, flt, 0, 0)
+	dls, err := f.o.ListDeadLetters(f.ctx, ops.ListQuery{Filter: flt})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -102,11 +103,12 @@ func (f *fixture) deadIDs(flt ops.Filter) []int64 {
 	return ids
 }
 
-func TestNewRefusesDialectWithoutOps(t *testing.T) {
-	type plain struct{ sqladapters.Dialect }
-	_, err := ops.New(stdsql.WrapDB(&sql.DB{}), plain{postgres.MustNew(postgres.Options{})})
-	if !errors.Is(err, ops.ErrUnsupportedDialect) {
-		t.Fatalf("want ErrUnsupportedDialect, got %v", err)
+func TestNewRefusesNil(t *testing.T) {
+	if _, err := ops.New(nil, postgres.MustNew(postgres.Options{})); err == nil {
+		t.Fatal("New accepted a nil database")
+	}
+	if _, err := ops.New(stdsql.WrapDB(&sql.DB{}), nil); err == nil {
+		t.Fatal("New accepted a nil dialect")
 	}
 }
 
@@ -151,7 +153,7 @@ func TestDeadLetters(t *testing.T) {
 		t.Fatalf("discard: %d, %v", n, err)
 	}
 	st, err := f.o.Status(f.ctx)
-	if err != nil || st.Pending != 4 || st.DeadLetters != 0 || len(st.Topics) != 1 {
+	if err != nil || st.Pending != 4 || st.Dead != 0 || len(st.Topics) != 1 {
 		t.Fatalf("status: %+v, %v", st, err)
 	}
 	if _, err := f.o.Requeue(f.ctx, ops.Filter{}, ops.ChangeOptions{BatchSize: ops.MaxBatchSize + 1}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
@@ -189,7 +191,7 @@ func TestPruneKeepsPendingAndDeadRows(t *testing.T) {
 		t.Fatalf("progress: %+v", reports)
 	}
 	st, err := f.o.Status(f.ctx)
-	if err != nil || st.Pending != 1 || st.DeadLetters != 1 || st.ForwardedKept != 0 || st.InboxRecords != 0 {
+	if err != nil || st.Pending != 1 || st.Dead != 1 || st.ForwardedKept != 0 || st.InboxRecords != 0 {
 		t.Fatalf("status after prune: %+v, %v", st, err)
 	}
 }
@@ -211,8 +213,12 @@ func TestMissingTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := o.Status(ctx); !errors.Is(err, sqladapters.ErrMissingTable) {
+	_, err = o.Status(ctx)
+	if !errors.Is(err, sqladapters.ErrMissingTable) {
 		t.Fatalf("status on an empty schema: %v", err)
+	}
+	if n := strings.Count(err.Error(), "millbox:"); n != 1 {
+		t.Fatalf("the error says millbox: %d times: %v", n, err)
 	}
 }
 
@@ -250,7 +256,7 @@ func (r *recorder) has(uuids []string) bool {
 func TestPruneWhileForwarding(t *testing.T) {
 	f := newFixture(t)
 	rec := &recorder{got: map[string]bool{}}
-	fwd, err := forwarder.New(forwarder.Config{DB: f.db, Dialect: f.d, Publisher: rec, KeepForwarded: true, PollInterval: 5 * time.Millisecond, Partitions: 2})
+	fwd, err := forwarder.New(forwarder.Config{DB: f.db, Dialect: f.d, Destination: rec, KeepForwarded: true, PollInterval: 5 * time.Millisecond, Source: forwarder.Polling{Partitions: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +304,7 @@ func TestPruneWhileForwarding(t *testing.T) {
 	// Close writes the completions still in flight.
 	closeForwarder()
 	st, err := f.o.Status(f.ctx)
-	if err != nil || st.Pending != 0 || st.DeadLetters != 0 {
+	if err != nil || st.Pending != 0 || st.Dead != 0 {
 		t.Fatalf("status: %+v, %v", st, err)
 	}
 	t.Logf("pruned %d forwarded rows while forwarding", pruned)

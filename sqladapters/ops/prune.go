@@ -13,7 +13,7 @@ import (
 type PruneOptions struct {
 	// ForwardedOlderThan deletes forwarded rows kept for audit
 	// (forwarder.Config.KeepForwarded) that were published longer ago
-	// than this. Pending and dead rows are never deleted.
+	// than this. Pending rows and dead letters are never deleted.
 	ForwardedOlderThan time.Duration
 	// InboxOlderThan deletes inbox records received longer ago than
 	// this. A message redelivered after its record is gone runs its
@@ -74,20 +74,20 @@ func (o *Ops) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error)
 	if opts.ForwardedOlderThan > 0 {
 		before := now.Add(-opts.ForwardedOlderThan)
 		p := PruneProgress{Table: TableForwarded}
-		if p.Total, err = o.count(ctx, "count forwarded rows", o.d.CountForwardedBefore(before)); err != nil {
-			return res, err
+		if p.Total, err = o.d.CountForwardedBefore(ctx, o.db, before); err != nil {
+			return res, fail("count forwarded rows", err)
 		}
 		report(p)
 		var after int64
 		for {
-			ids, err := o.ids(ctx, "prune forwarded rows", o.d.SelectForwardedIDs(before, after, batch))
+			ids, err := o.d.ForwardedIDsBefore(ctx, o.db, before, after, batch)
 			if err != nil {
-				return res, err
+				return res, fail("prune forwarded rows", err)
 			}
 			if len(ids) > 0 {
-				n, err := o.d.CompleteForwarded(ids, false).Exec(ctx, o.db)
+				n, err := o.d.DeleteForwarded(ctx, o.db, ids)
 				if err != nil {
-					return res, o.fail("prune forwarded rows", err)
+					return res, fail("prune forwarded rows", err)
 				}
 				p.Deleted += n
 				res.Forwarded = p.Deleted
@@ -106,15 +106,17 @@ func (o *Ops) Prune(ctx context.Context, opts PruneOptions) (PruneResult, error)
 	if opts.InboxOlderThan > 0 {
 		before := now.Add(-opts.InboxOlderThan)
 		p := PruneProgress{Table: TableInbox}
-		if p.Total, err = o.count(ctx, "count inbox records", o.d.CountInboxBefore(before)); err != nil {
-			return res, err
+		if p.Total, err = o.d.CountInboxBefore(ctx, o.db, before); err != nil {
+			return res, fail("count inbox records", err)
 		}
 		report(p)
+		var from time.Time
 		for {
-			n, err := o.d.DeleteInboxBefore(before, batch).Exec(ctx, o.db)
+			n, next, err := o.d.DeleteInbox(ctx, o.db, from, before, batch)
 			if err != nil {
-				return res, o.fail("prune inbox records", err)
+				return res, fail("prune inbox records", err)
 			}
+			from = next
 			p.Deleted += n
 			res.InboxRecords = p.Deleted
 			p.Done = n < int64(batch)
@@ -137,13 +139,13 @@ func (o *Ops) PruneCount(ctx context.Context, opts PruneOptions) (PruneResult, e
 	var err error
 	now := time.Now()
 	if opts.ForwardedOlderThan > 0 {
-		if res.Forwarded, err = o.count(ctx, "count forwarded rows", o.d.CountForwardedBefore(now.Add(-opts.ForwardedOlderThan))); err != nil {
-			return res, err
+		if res.Forwarded, err = o.d.CountForwardedBefore(ctx, o.db, now.Add(-opts.ForwardedOlderThan)); err != nil {
+			return res, fail("count forwarded rows", err)
 		}
 	}
 	if opts.InboxOlderThan > 0 {
-		if res.InboxRecords, err = o.count(ctx, "count inbox records", o.d.CountInboxBefore(now.Add(-opts.InboxOlderThan))); err != nil {
-			return res, err
+		if res.InboxRecords, err = o.d.CountInboxBefore(ctx, o.db, now.Add(-opts.InboxOlderThan)); err != nil {
+			return res, fail("count inbox records", err)
 		}
 	}
 	return res, nil

@@ -24,9 +24,9 @@ func ExampleListenOn() {
 	db := pgxv5.WrapPool(pool, pgxv5.ListenOn("postgres://app@postgres:5432/app"))
 
 	f, err := forwarder.New(forwarder.Config{
-		DB:        db,
-		Dialect:   postgres.MustNew(postgres.Options{Notify: true}),
-		Publisher: gochannel.NewGoChannel(gochannel.Config{}, nil), // Kafka, RabbitMQ, ...
+		DB:          db,
+		Dialect:     postgres.MustNew(postgres.Options{Notify: true}),
+		Destination: gochannel.NewGoChannel(gochannel.Config{}, nil), // Kafka, RabbitMQ, ...
 	})
 	if err != nil {
 		panic(err)

@@ -5,9 +5,157 @@
 // pair it with sqladapters/pgxv5 or sqladapters/stdsql (pgx stdlib or
 // lib/pq).
 //
+//	dialect, err := postgres.New(postgres.Options{Schema: "app"})
+//	err = sqladapters.Migrate(ctx, pgxv5.WrapPool(pool), dialect)
+//
+// It needs PostgreSQL 13 or later (the outbox insert and the forwarder use
+// pg_current_xact_id and pg_current_snapshot). Migrations run in the
+// caller's transaction too (sqladapters.MigrateTx); concurrent migrators
+// serialize on an advisory lock. Schema and table names are plain
+// identifiers, quoted; anything else is refused with
+// sqladapters.ErrInvalidName.
+//
+// What PostgreSQL has that the other databases lack: notifications
+// (Options.Notify), the time-partitioned outbox (Options.Partitioned),
+// reads that start past the rows already forwarded
+// (sqladapters.Features.Horizon) and change data capture (forwarder/cdc).
+//
+// # Finding new rows, and Notify
+//
 // Forwarders find new rows by watching the outbox's id sequence every few
-// milliseconds (HighWaterMark). With Options.Notify the outbox insert also
-// calls pg_notify, so forwarders listening on Dialect.NotifyChannel wake up
-// as soon as the writing transaction commits, at the price of a lock that
-// serializes committing transactions.
+// milliseconds (HighWaterMark; forwarder.Polling.WatchInterval). With
+// Options.Notify the outbox insert also calls pg_notify, so forwarders
+// listening through pgxv5.WrapPool wake up as soon as the writing
+// transaction commits. It is off by default: NOTIFY takes a database-wide
+// lock at commit that serializes every committing transaction that
+// notified, which costs far more under concurrent writers than the
+// milliseconds it saves: with 8 writers, a business transaction with the
+// outbox write took more than twice as long as without it, against about
+// a third longer without Notify. The benchmark program's write case
+// measures both (integration/bench in the repository).
+//
+// The outbox holds only rows that still have to go: an insert maintains
+// its primary key alone (the retry index is partial and holds only rows
+// that failed), and the forwarder reads pending rows through the primary
+// key. Dead letters and forwarded rows kept for audit move, in one
+// statement each, to the tables <outbox>_dead and <outbox>_kept, under
+// their ids; a requeue moves a dead letter back. Migration 5 moved the
+// rows of earlier installations there.
+//
+// # Behind PgBouncer
+//
+// Every statement runs in a transaction of its own or of the caller's,
+// and no session state is kept: locks are transaction-scoped
+// (pg_advisory_xact_lock), settings are SET LOCAL. So the publisher, the
+// forwarder and the inbox work behind PgBouncer in transaction pooling,
+// with two things to know.
+//
+// The connection string. PgBouncer before 1.21 does not keep prepared
+// statements across transactions, and pgx caches them per connection by
+// default: statements then fail with `prepared statement "stmtcache_..."
+// does not exist` (SQLSTATE 26000) or `... already exists` (42P05), and
+// millbox adds a hint to either error. Tell pgx not to keep any:
+//
+//	postgres://app@pgbouncer:6432/app?default_query_exec_mode=exec
+//
+// (simple_protocol works too; exec keeps binary parameters). The same
+// parameter applies to database/sql with pgx stdlib; lib/pq needs nothing
+// but sends extra_float_digits, so list it in PgBouncer's
+// ignore_startup_parameters. PgBouncer 1.21 and later with
+// max_prepared_statements set can keep pgx's default.
+//
+// Notifications. Without Options.Notify there is nothing else to do: the
+// forwarder watches the id sequence through its pool, which works through
+// PgBouncer. LISTEN subscribes the server session that runs it, which in a
+// transaction pool goes back to the pool when the statement ends: the
+// listener would hear nothing, and the server connection would stay
+// subscribed for unrelated clients. Give the listener a direct connection
+// (or one through a session-pooled database) and keep the pool on
+// PgBouncer:
+//
+//	db := pgxv5.WrapPool(pool, pgxv5.ListenOn("postgres://app@postgres:5432/app"))
+//
+// The listener's connection is used for LISTEN only, one per forwarder
+// instance, opened per subscription and closed when it ends. A forwarder
+// checks at start and every forwarder.Polling.NotifyProbeInterval that a
+// notification it sends through Config.DB comes back; when none does
+// within two seconds (or pgxv5 sees the listener's statements answered by
+// different server processes, pgxv5.ErrPooledListener), it logs an error
+// (once, then every five minutes), reports forwarder.ErrNotificationsLost
+// to Hooks.OnError and in Status, watches the id sequence meanwhile, so
+// new rows still go out within milliseconds, unsubscribes the server
+// session it subscribed, and listens again with a backoff. The producers'
+// pg_notify works through transaction pooling as it is.
+//
+// The integration tests run a producer and a forwarder through PgBouncer
+// 1.18 in transaction pooling (MILLBOX_PGBOUNCER_URL): the default mode
+// delivers every message in per-key order, a listener on the pool is
+// reported while every message still arrives, a ListenOn listener reports
+// nothing, and afterwards no server connection listens.
+//
+// # Autovacuum
+//
+// The outbox is a queue: rows are inserted, read once and deleted. The
+// migration sets, on the outbox table (and on each partition of the
+// partitioned layout), autovacuum_vacuum_scale_factor and
+// autovacuum_vacuum_insert_scale_factor to 0.01: vacuum once 1 % of the
+// rows are dead or newly inserted, instead of the default 20 %. On the
+// server:
+//
+//   - Keep autovacuum and track_counts on (the defaults). Without them
+//     nothing is vacuumed, and reads of a backlog slow down without end.
+//   - autovacuum_naptime (default 1 min) bounds how long deleted rows pile
+//     up at the head of the primary key; a forwarder draining 50,000
+//     messages per second leaves 3 million in a minute, and its read from
+//     the head (one per PollInterval) walks them. Lower it to 10–15 s on a
+//     busy outbox.
+//   - Vacuuming a large outbox reads its indexes in full each time; throttled, it can take minutes while dead rows pile up. Turn
+//     the throttle off for the outbox alone: ALTER TABLE millbox_outbox
+//     SET (autovacuum_vacuum_cost_delay = 0) (on each partition of the
+//     partitioned layout).
+//   - autovacuum_work_mem (or maintenance_work_mem, default 64 MB) holds
+//     about 11 million dead rows per index pass; more make vacuum scan the
+//     indexes twice.
+//   - Long-running transactions, idle-in-transaction sessions, and
+//     replication slots or standbys with hot_standby_feedback hold back
+//     the horizon below which rows count as dead: until they end, vacuum
+//     cannot remove the outbox's deleted rows. A transaction that wrote
+//     something and stays open also keeps the forwarder's floor (below)
+//     from passing the rows inserted since it began. Set
+//     idle_in_transaction_session_timeout and watch
+//     pg_stat_activity.backend_xmin.
+//
+// The inbox table keeps PostgreSQL's default thresholds: the cleaner's
+// speed does not depend on vacuum, and a cleaning round that deletes more
+// than 20 % of the table sets off autovacuum by itself.
+//
+// # Large tables
+//
+// A read of the forwarder is an index scan of the primary key that stops
+// after BatchSize rows, custom or generic plan alike, however many rows
+// wait. What a read from the first row grows with is the number of rows
+// deleted since the last vacuum: their index entries stay until vacuum
+// removes them. The forwarder therefore reads past the rows already
+// forwarded: once per PollInterval it reads from the first row and sets a
+// floor from the id sequence and the oldest running transaction
+// (Dialect.PendingHorizon); the reads in between start after it. Package
+// forwarder ("Reading a large outbox") tells when the floor applies. With
+// an id sequence that hands out blocks of ids (CACHE above 1) or a role
+// that may not read the sequence, the forwarder logs why once and reads
+// from the first row. The floor starts over when the sequence goes back (a
+// restart, the table made again) or transaction ids do (another server
+// after a failover).
+//
+// The inbox cleaner deletes in batches of CleanerConfig.BatchSize, each
+// starting where the previous one ended (Dialect.DeleteInbox), so a batch
+// costs the same late in a cleaning of millions of rows as at its start.
+//
+// Where forwarded rows are kept (forwarder.Config.KeepForwarded) or the
+// outbox may hold tens of millions of rows after an outage, the
+// time-partitioned layout removes old rows by dropping partitions instead
+// of deletes and vacuum: see PartitionOptions, MaintainPartitions and
+// `millbox partitions`.
+//
+// The integration/bench program of the repository measures all of this
+// (its backlog and inbox-clean cases); its README holds the results.
 package postgres

@@ -8,13 +8,21 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
-const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attempts`
+const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attempts, o.key_hash`
 
-// SelectPending reads due rows in id order. A row whose key has an earlier
-// row backing off after a failure is left out, so the key keeps its order.
-// The backoff check looks the key's hash up in the retry index, which holds
-// only rows waiting for a retry, and then compares the full keys: keys of
-// any length work, and a key sharing another's hash is not held back.
+// retrying is the predicate of the retry index: rows waiting for a
+// retry. It names dead_at and published_at, always NULL since version 5,
+// because the index was made with them (see ownTables); a statement that
+// reads the index must repeat them for the planner to use it.
+const retrying = `attempts > 0 AND dead_at IS NULL AND published_at IS NULL`
+
+// SelectPending reads due rows in id order through the primary key: the
+// outbox holds only rows that still have to go, so the read walks no dead
+// or kept row. A row whose key has an earlier row backing off after a
+// failure is left out, so the key keeps its order. The backoff check looks
+// the key's hash up in the retry index, which holds only rows waiting for
+// a retry, and then compares the full keys: keys of any length work, and a
+// key sharing another's hash is not held back.
 //
 // The ids in q.Exclude are left out through NOT IN over a subquery, which
 // Postgres runs once per execution into a hash table ("hashed SubPlan"),
@@ -26,7 +34,7 @@ func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query
 	var b strings.Builder
 	var args []any
 	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o
-WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= now()`)
+WHERE o.next_attempt_at <= now()`)
 	if q.Owned != nil {
 		b.WriteString(` AND o.key_hash % ` + strconv.Itoa(q.Partitions) + ` = ANY($` + strconv.Itoa(len(args)+1) + `::int[])`)
 		args = append(args, intArray(q.Owned))
@@ -39,16 +47,19 @@ WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= now(
 		b.WriteString(` AND o.id > $` + strconv.Itoa(len(args)+1))
 		args = append(args, q.After)
 	}
+	if len(q.SkipKeys) > 0 {
+		b.WriteString(` AND (o.key IS NULL OR o.key <> ALL($` + strconv.Itoa(len(args)+1) + `::text[]))`)
+		args = append(args, textArray(q.SkipKeys))
+	}
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p
-	WHERE p.key_hash = o.key_hash AND p.id < o.id AND p.attempts > 0
-	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > now()
-	AND p.key = o.key))
+	WHERE p.key_hash = o.key_hash AND p.id < o.id AND p.` + strings.ReplaceAll(retrying, " AND ", " AND p.") + `
+	AND p.next_attempt_at > now() AND p.key = o.key))
 ORDER BY o.id LIMIT ` + strconv.Itoa(q.Limit))
 	// The limit is inlined: with "LIMIT $n", a prepared statement's
 	// generic plan assumes a large share of the table and may pick a
-	// sequential scan and sort over the pending index.
+	// sequential scan and sort over the primary key.
 	return sqladapters.Query{SQL: b.String(), Args: args}
 }
 
@@ -65,18 +76,23 @@ func (d *sqlDialect) PendingReadSetup() []sqladapters.Query {
 	return []sqladapters.Query{{SQL: `SET LOCAL jit = off`}}
 }
 
-// CompleteForwarded deletes published rows, or stamps published_at.
-func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
+// CompleteForwarded deletes published rows, or moves them to the kept
+// table, in one statement.
+func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) []sqladapters.Query {
 	if keep {
-		return sqladapters.Query{
-			SQL:  `UPDATE ` + d.outbox + ` SET published_at = now() WHERE id = ANY($1::bigint[])`,
-			Args: []any{idArray(ids)},
-		}
+		return []sqladapters.Query{{SQL: d.keepSQL(`$1::bigint[]`), Args: []any{idArray(ids)}}}
 	}
-	return sqladapters.Query{
+	return []sqladapters.Query{{
 		SQL:  `DELETE FROM ` + d.outbox + ` WHERE id = ANY($1::bigint[])`,
 		Args: []any{idArray(ids)},
-	}
+	}}
+}
+
+// keepSQL moves the outbox rows with the ids of the array expression ids
+// to the kept table, selecting nothing.
+func (d *sqlDialect) keepSQL(ids string) string {
+	return `WITH m AS (DELETE FROM ` + d.outbox + ` WHERE id = ANY(` + ids + `) RETURNING ` + messageColumns + `)
+INSERT INTO ` + d.kept + ` (` + messageColumns + `) SELECT * FROM m`
 }
 
 // idArray renders ids as an array literal into one buffer, without a
@@ -94,33 +110,36 @@ func idArray(ids []int64) string {
 	return string(b)
 }
 
-// RecordFailure stores the attempt count, error and next attempt time.
-func (d *sqlDialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
-	return sqladapters.Query{
-		SQL: `UPDATE ` + d.outbox + ` SET attempts = $2, last_error = $3,
-	next_attempt_at = now() + $4 * interval '1 microsecond',
-	dead_at = CASE WHEN $5 THEN now() END
+// RecordFailure stores the attempt count, error and its fingerprint, and
+// the next attempt time; a dead row moves to the dead letters' table in
+// one statement.
+func (d *sqlDialect) RecordFailure(f sqladapters.Failure) []sqladapters.Query {
+	fp := sqladapters.FingerprintError(f.Error)
+	if f.Dead {
+		return []sqladapters.Query{{
+			SQL: `WITH m AS (DELETE FROM ` + d.outbox + ` WHERE id = $1 RETURNING ` + messageColumns + `)
+INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp)
+SELECT m.*, $2, $3, $4::bytea FROM m`,
+			Args: []any{f.ID, f.Attempts, f.Error, fp[:]},
+		}}
+	}
+	return []sqladapters.Query{{
+		SQL: `UPDATE ` + d.outbox + ` SET attempts = $2, last_error = $3, error_fp = $5::bytea,
+	next_attempt_at = now() + $4 * interval '1 microsecond'
 WHERE id = $1`,
-		Args: []any{f.ID, f.Attempts, f.Error, micros(f.Backoff), f.Dead},
-	}
+		Args: []any{f.ID, f.Attempts, f.Error, micros(f.Backoff), fp[:]},
+	}}
 }
 
-// ListDeadLetters pages through dead rows.
-func (d *sqlDialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
-	return sqladapters.Query{
-		SQL: `SELECT ` + rowColumns + `, coalesce(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
-WHERE o.dead_at IS NOT NULL AND o.id > $1 ORDER BY o.id LIMIT $2`,
-		Args: []any{afterID, limit},
-	}
-}
-
-// RequeueDeadLetters makes dead rows pending again.
-func (d *sqlDialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
-	q := `UPDATE ` + d.outbox + ` SET dead_at = NULL, attempts = 0, next_attempt_at = now() WHERE dead_at IS NOT NULL`
-	if ids == nil {
-		return sqladapters.Query{SQL: q}
-	}
-	return sqladapters.Query{SQL: q + ` AND id = ANY($1::bigint[])`, Args: []any{int64Array(ids)}}
+// RequeueDeadLetters moves dead letters back into the outbox under their
+// ids, in one statement. Their last error and its fingerprint go along.
+func (d *sqlDialect) RequeueDeadLetters(ids []int64) []sqladapters.Query {
+	return []sqladapters.Query{{
+		SQL: `WITH m AS (DELETE FROM ` + d.dead + ` WHERE id = ANY($1::bigint[]) RETURNING ` + messageColumns + `, last_error, error_fp)
+INSERT INTO ` + d.outbox + ` (` + messageColumns + `, last_error, error_fp, requeued_at) OVERRIDING SYSTEM VALUE
+SELECT m.*, now() FROM m`,
+		Args: []any{int64Array(ids)},
+	}}
 }
 
 // EnsurePartitions creates the missing lease rows.
@@ -194,14 +213,7 @@ func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqlada
 	}
 }
 
-// CountOutbox counts pending and dead rows.
-func (d *sqlDialect) CountOutbox() sqladapters.Query {
-	return sqladapters.Query{SQL: `SELECT
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL)`}
-}
-
-// SelectPendingWithAge is SelectPending with an eighth column: each row's
+// SelectPendingWithAge is SelectPending with a ninth column: each row's
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.
@@ -222,7 +234,7 @@ func (d *sqlDialect) PendingHorizon() sqladapters.Query {
 		SQL: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')), 0),
 	pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
 	pg_current_xact_id()::text::bigint,
-	coalesce((SELECT min(id) FROM ` + d.outbox + ` WHERE attempts > 0 AND dead_at IS NULL AND published_at IS NULL), 0),
+	coalesce((SELECT min(id) FROM ` + d.outbox + ` WHERE ` + retrying + `), 0),
 	(SELECT seqcache FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence($1, 'id')::regclass)`,
 		Args: []any{d.outbox},
 	}

@@ -20,9 +20,12 @@ import (
 // sqladapters.ErrInvalidConfig.
 var ErrNotPartitioned = fmt.Errorf("%w: the outbox is not partitioned (postgres.Options.Partitioned)", sqladapters.ErrInvalidConfig)
 
-// Partition is one partition of the outbox.
+// Partition is one partition of the outbox, and of the kept rows' table
+// over the same range (named with _k where the outbox's has _p, see
+// PartitionOptions): the two are created and dropped together.
 type Partition struct {
-	// Name is the partition's table name, unqualified and unquoted.
+	// Name is the outbox partition's table name, unqualified and
+	// unquoted.
 	Name string
 	// From and To bound the range of created_at the partition holds,
 	// From included. Both are zero for the default partition and for a
@@ -36,21 +39,22 @@ type Partition struct {
 // reports it.
 type PartitionInfo struct {
 	Partition
-	// EstimatedRows is Postgres' estimate of the rows (pg_class.reltuples),
-	// -1 before the partition was first vacuumed or analyzed.
-	EstimatedRows int64
-	// Bytes is the size of the partition with its indexes.
+	// EstimatedRows is Postgres' estimate of the outbox partition's rows
+	// (pg_class.reltuples), -1 before the partition was first vacuumed
+	// or analyzed; KeptEstimatedRows is the same of the kept rows'
+	// partition over the range.
+	EstimatedRows, KeptEstimatedRows int64
+	// Bytes is the size of the two partitions with their indexes.
 	Bytes int64
-	// Pending and Dead count the rows waiting to be forwarded and the dead
-	// letters.
-	Pending, Dead int64
+	// Pending counts the rows waiting to be forwarded.
+	Pending int64
 }
 
 // KeptPartition is a partition past retention that maintenance kept
 // because it holds rows not yet forwarded.
 type KeptPartition struct {
 	Partition
-	Pending, Dead int64
+	Pending int64
 }
 
 // MaintenanceReport says what one MaintainPartitions run did.
@@ -62,8 +66,8 @@ type MaintenanceReport struct {
 	Created []Partition
 	// Dropped lists the partitions detached and dropped by retention.
 	Dropped []Partition
-	// Kept lists the partitions past retention that hold pending or dead
-	// rows; they are dropped by a later run once those rows are gone.
+	// Kept lists the partitions past retention that hold pending rows;
+	// they are dropped by a later run once those rows are gone.
 	Kept []KeptPartition
 	// Blocked lists ranges left without a partition because the default
 	// partition holds rows in them (Postgres cannot attach a partition
@@ -84,35 +88,31 @@ func ListPartitions(ctx context.Context, db sqladapters.Executor, dialect *Diale
 	if err != nil {
 		return nil, err
 	}
-	counts, err := scanCounts(ctx, db, sqladapters.Query{SQL: `SELECT (SELECT relname::text FROM pg_class WHERE oid = o.tableoid),
-	count(*) FILTER (WHERE o.dead_at IS NULL),
-	count(*) FILTER (WHERE o.dead_at IS NOT NULL)
-FROM ` + d.outbox + ` o WHERE o.published_at IS NULL GROUP BY o.tableoid`})
+	counts, err := scanCounts(ctx, db, sqladapters.Query{SQL: `SELECT (SELECT relname::text FROM pg_class WHERE oid = o.tableoid), count(*)
+FROM ` + d.outbox + ` o GROUP BY o.tableoid`})
 	if err != nil {
 		return nil, fmt.Errorf("millbox: count rows per partition: %w", d.ClassifyError(err))
 	}
 	for i := range parts {
-		if c, ok := counts[parts[i].Name]; ok {
-			parts[i].Pending, parts[i].Dead = c[0], c[1]
-		}
+		parts[i].Pending = counts[parts[i].Name]
 	}
 	return parts, nil
 }
 
-func scanCounts(ctx context.Context, db sqladapters.Executor, q sqladapters.Query) (map[string][2]int64, error) {
+func scanCounts(ctx context.Context, db sqladapters.Executor, q sqladapters.Query) (map[string]int64, error) {
 	rows, err := q.Query(ctx, db)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[string][2]int64{}
+	out := map[string]int64{}
 	for rows.Next() {
 		var name string
-		var c [2]int64
-		if err := rows.Scan(&name, &c[0], &c[1]); err != nil {
+		var n int64
+		if err := rows.Scan(&name, &n); err != nil {
 			return nil, err
 		}
-		out[name] = c
+		out[name] = n
 	}
 	return out, rows.Err()
 }
@@ -139,16 +139,20 @@ func listPartitions(ctx context.Context, db sqladapters.Executor, d *sqlDialect,
 	}
 	size := `0::bigint`
 	if sizes {
-		size = `pg_total_relation_size(c.oid)`
+		size = `pg_total_relation_size(c.oid) + coalesce(pg_total_relation_size(k.oid), 0)`
 	}
+	// The kept partition of a range is the kept table's child named after
+	// the outbox partition (_k for _p, _kept_default for _default).
 	rows, err = db.Query(ctx, `SELECT c.relname::text, b.expr = 'DEFAULT', r.m[1]::timestamptz, r.m[2]::timestamptz,
-	c.reltuples::bigint, `+size+`
+	c.reltuples::bigint, coalesce(k.reltuples::bigint, -1), `+size+`
 FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
 CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS expr) b
 CROSS JOIN LATERAL (SELECT regexp_match(b.expr, '^FOR VALUES FROM \(''([^'']+)''\) TO \(''([^'']+)''\)$') AS m) r
+LEFT JOIN (pg_inherits ki JOIN pg_class k ON k.oid = ki.inhrelid) ON ki.inhparent = to_regclass($2)
+	AND k.relname::text = CASE WHEN b.expr = 'DEFAULT' THEN $3 || '_kept_default' ELSE $3 || '_k' || substr(c.relname::text, length($3) + 3) END
 WHERE i.inhparent = $1::regclass
-ORDER BY b.expr <> 'DEFAULT', 3, 1`, d.outbox)
+ORDER BY b.expr <> 'DEFAULT', 3, 1`, d.outbox, d.kept, d.opts.OutboxTable)
 	if err != nil {
 		return nil, fmt.Errorf("millbox: list partitions: %w", d.ClassifyError(err))
 	}
@@ -157,7 +161,7 @@ ORDER BY b.expr <> 'DEFAULT', 3, 1`, d.outbox)
 	for rows.Next() {
 		var p PartitionInfo
 		var from, to sql.NullTime
-		if err := rows.Scan(&p.Name, &p.Default, &from, &to, &p.EstimatedRows, &p.Bytes); err != nil {
+		if err := rows.Scan(&p.Name, &p.Default, &from, &to, &p.EstimatedRows, &p.KeptEstimatedRows, &p.Bytes); err != nil {
 			return nil, fmt.Errorf("millbox: list partitions: %w", err)
 		}
 		p.From, p.To = from.Time.UTC(), to.Time.UTC()
@@ -172,11 +176,12 @@ ORDER BY b.expr <> 'DEFAULT', 3, 1`, d.outbox)
 	return out, nil
 }
 
-// MaintainPartitions keeps the partitions of d's outbox: it creates the
-// partition holding now and the PartitionOptions.Ahead following ones,
-// and detaches and drops the partitions whose range ended more than
-// Retain before now, except those holding a pending or dead row, which
-// it reports. It never touches the default partition.
+// MaintainPartitions keeps the partitions of d's outbox and kept rows: it
+// creates the partitions holding now and the PartitionOptions.Ahead
+// following ones, and detaches and drops the partitions whose range ended
+// more than Retain before now, except those whose outbox partition holds
+// a pending row, which it reports. It never touches the default
+// partitions.
 //
 // It is idempotent and safe to run from several processes at once: a run
 // takes an advisory lock for its duration, and a run that finds the lock
@@ -247,9 +252,9 @@ func (d *sqlDialect) maintainPartitions(ctx context.Context, db sqladapters.Exec
 			continue
 		}
 		// A look without locks first, so that a partition kept for its
-		// dead letters costs no lock on the outbox at every run.
+		// pending rows costs no lock on the outbox at every run.
 		kept, err := d.unforwarded(ctx, r.ex, p.Partition)
-		if err == nil && kept.Pending+kept.Dead > 0 {
+		if err == nil && kept.Pending > 0 {
 			rep.Kept = append(rep.Kept, kept)
 			continue
 		}
@@ -285,18 +290,30 @@ func overlaps(parts []PartitionInfo, p Partition) bool {
 	return false
 }
 
-// createPartition creates p as a table of its own and then attaches it:
-// attaching locks the outbox in SHARE UPDATE EXCLUSIVE mode, which lets
-// inserts and reads go on, where CREATE TABLE ... PARTITION OF would lock
-// out both. The default partition is locked while Postgres checks that
-// it holds no row of p's range.
+// createPartition creates p and its kept rows' partition as tables of
+// their own and then attaches them: attaching locks the parent in SHARE
+// UPDATE EXCLUSIVE mode, which lets inserts and reads go on, where CREATE
+// TABLE ... PARTITION OF would lock out both. The default partition is
+// locked while Postgres checks that it holds no row of p's range.
 func (d *sqlDialect) createPartition(ctx context.Context, ex sqladapters.Executor, p Partition) error {
-	name := d.qualify(p.Name)
-	for _, stmt := range []string{
+	bounds := ` FOR VALUES FROM (` + pgTimestamp(p.From) + `) TO (` + pgTimestamp(p.To) + `)`
+	name, kept := d.qualify(p.Name), d.qualify(d.keptPartitionName(p.Name))
+	stmts := []string{
 		`CREATE TABLE ` + name + ` (LIKE ` + d.outbox + `) ` + partitionStorage,
-		`ALTER TABLE ` + d.outbox + ` ATTACH PARTITION ` + name +
-			` FOR VALUES FROM (` + pgTimestamp(p.From) + `) TO (` + pgTimestamp(p.To) + `)`,
-	} {
+		`ALTER TABLE ` + d.outbox + ` ATTACH PARTITION ` + name + bounds,
+	}
+	// The kept partition of the range outlives an outbox partition
+	// dropped by hand: then it is there already.
+	missing, err := queryString(ctx, ex, `SELECT (to_regclass($1) IS NULL)::text`, kept)
+	if err != nil {
+		return err
+	}
+	if missing == "true" {
+		stmts = append(stmts,
+			`CREATE TABLE `+kept+` (LIKE `+d.kept+`) `+partitionStorage,
+			`ALTER TABLE `+d.kept+` ATTACH PARTITION `+kept+bounds)
+	}
+	for _, stmt := range stmts {
 		if _, err := ex.Exec(ctx, stmt); err != nil {
 			return err
 		}
@@ -304,32 +321,28 @@ func (d *sqlDialect) createPartition(ctx context.Context, ex sqladapters.Executo
 	return nil
 }
 
-// unforwarded counts the pending and dead rows of p, each through the
-// partial index that holds them.
+// unforwarded counts the pending rows of p.
 func (d *sqlDialect) unforwarded(ctx context.Context, ex sqladapters.Executor, p Partition) (KeptPartition, error) {
 	k := KeptPartition{Partition: p}
-	name := d.qualify(p.Name)
-	rows, err := ex.Query(ctx, `SELECT
-	(SELECT count(*) FROM `+name+` WHERE dead_at IS NULL AND published_at IS NULL),
-	(SELECT count(*) FROM `+name+` WHERE dead_at IS NOT NULL)`)
+	rows, err := ex.Query(ctx, `SELECT count(*) FROM `+d.qualify(p.Name))
 	if err != nil {
 		return k, err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		if err := rows.Scan(&k.Pending, &k.Dead); err != nil {
+		if err := rows.Scan(&k.Pending); err != nil {
 			return k, err
 		}
 	}
 	return k, rows.Err()
 }
 
-// dropPartition detaches p, counts its unforwarded rows again and drops
-// it when there are none. Once detached, p is locked and out of the
-// outbox, so no row can become pending in it between the count and the
-// drop; a late insert of its range goes to the default partition. When
-// rows remain it returns errKept, and the step's rollback attaches p
-// again.
+// dropPartition detaches p, counts its pending rows again and drops it,
+// with the kept rows' partition of its range, when there are none. Once
+// detached, p is locked and out of the outbox, so no row can become
+// pending in it between the count and the drop; a late insert of its
+// range goes to the default partition. When rows remain it returns
+// errKept, and the step's rollback attaches p again.
 func (d *sqlDialect) dropPartition(ctx context.Context, ex sqladapters.Executor, p Partition) (KeptPartition, error) {
 	name := d.qualify(p.Name)
 	if _, err := ex.Exec(ctx, `ALTER TABLE `+d.outbox+` DETACH PARTITION `+name); err != nil {
@@ -339,10 +352,15 @@ func (d *sqlDialect) dropPartition(ctx context.Context, ex sqladapters.Executor,
 	if err != nil {
 		return k, err
 	}
-	if k.Pending+k.Dead > 0 {
+	if k.Pending > 0 {
 		return k, errKept
 	}
-	_, err = ex.Exec(ctx, `DROP TABLE `+name)
+	if _, err = ex.Exec(ctx, `DROP TABLE `+name); err != nil {
+		return k, err
+	}
+	// The kept partition may be missing (created by hand, or dropped
+	// already): there is then nothing of it to drop.
+	_, err = ex.Exec(ctx, `DROP TABLE IF EXISTS `+d.qualify(d.keptPartitionName(p.Name)))
 	return k, err
 }
 

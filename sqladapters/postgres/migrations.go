@@ -83,10 +83,130 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
 		},
 	}}
+	ms = append(ms, sqladapters.Migration{
+		Version: 4,
+		Name:    "error fingerprints and requeue times",
+		Statements: []string{
+			// A failure stores its error's fingerprint (the first 16 bytes
+			// of its SHA-256, sqladapters.FingerprintError), so that the
+			// dead letters of one error are found through an index and
+			// addressed by it. A requeue stores its time, from which the
+			// age of a pending row counts. Adding nullable columns without
+			// a default rewrites nothing.
+			// Processes of this version record failures with a
+			// fingerprint: apply it before they start, or let them run
+			// Migrate at start. Older processes work on it unchanged.
+			`ALTER TABLE ` + o + ` ADD COLUMN IF NOT EXISTS error_fp bytea, ADD COLUMN IF NOT EXISTS requeued_at timestamptz`,
+			// Rows that failed before: the retrying and the dead ones.
+			`UPDATE ` + o + ` SET error_fp = ` + fingerprintSQL(`last_error`) + ` WHERE last_error IS NOT NULL AND error_fp IS NULL`,
+			// The pages of one error group read this index, which holds
+			// only dead rows. Building it reads the table once and blocks
+			// writes meanwhile.
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_dead_fp_idx") + ` ON ` + o + ` (error_fp, id) WHERE dead_at IS NOT NULL`,
+		},
+	})
+	ms = append(ms, sqladapters.Migration{
+		Version:    5,
+		Name:       "dead letters and kept rows in tables of their own",
+		Statements: d.ownTables(),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}
 	return d.layout(ms)
+}
+
+// Suffixes of the tables of dead letters and of kept rows, and of the
+// dead letters' fingerprint index.
+const (
+	deadSuffix   = "_dead"
+	keptSuffix   = "_kept"
+	deadFPSuffix = "_deadfp_idx"
+)
+
+// messageColumns are the columns a message keeps in every table it passes
+// through, in this order.
+const messageColumns = `id, topic, uuid, payload, metadata, key, key_hash, created_at`
+
+// deadColumnsDDL and keptColumnsDDL are the columns of the dead letters'
+// and the kept rows' tables after id. Their rows keep the ids they had in
+// the outbox.
+const (
+	deadColumnsDDL = `
+	topic       text        NOT NULL,
+	uuid        text        NOT NULL,
+	payload     bytea       NOT NULL,
+	metadata    jsonb       NOT NULL,
+	key         text,
+	key_hash    integer     NOT NULL,
+	created_at  timestamptz NOT NULL,
+	attempts    integer     NOT NULL,
+	last_error  text,
+	error_fp    bytea,
+	dead_at     timestamptz NOT NULL DEFAULT now()`
+	keptColumnsDDL = `
+	topic        text        NOT NULL,
+	uuid         text        NOT NULL,
+	payload      bytea       NOT NULL,
+	metadata     jsonb       NOT NULL,
+	key          text,
+	key_hash     integer     NOT NULL,
+	created_at   timestamptz NOT NULL,
+	published_at timestamptz NOT NULL DEFAULT now()`
+)
+
+// ownTables returns the statements of version 5: the tables of dead
+// letters and kept rows, the move of the outbox's dead and kept rows into
+// them, and the end of the outbox's indexes that only those rows needed.
+//
+// The outbox then holds only rows that still have to go, and an insert
+// maintains its primary key alone (the retry index is partial and holds
+// only rows that failed). Its dead_at and published_at columns stay,
+// always NULL, because the retry index's predicate names them: dropping
+// them would rebuild that index with a scan of the outbox that blocks
+// inserts meanwhile.
+//
+// The moves are single statements that lock only the rows they move, and
+// the indexes are dropped last, so the migration blocks writers only for
+// its last moments (dropping an index takes the outbox's exclusive lock
+// until the migration commits). Every statement finds its work done when
+// run again. Stop forwarders of earlier versions before applying it:
+// they would mark rows dead or forwarded in the outbox, where this
+// version no longer looks for them.
+func (d *sqlDialect) ownTables() []string {
+	t := d.opts.OutboxTable
+	stmts := []string{
+		`CREATE TABLE IF NOT EXISTS ` + d.dead + ` (
+	id          bigint      PRIMARY KEY,` + deadColumnsDDL + `
+)`,
+		// The pages of one error group read this index.
+		`CREATE INDEX IF NOT EXISTS ` + quote(t+deadFPSuffix) + ` ON ` + d.dead + ` (error_fp, id)`,
+	}
+	if d.opts.Partitioned != nil {
+		stmts = append(stmts, d.partitionedKept()...)
+	} else {
+		stmts = append(stmts, `CREATE TABLE IF NOT EXISTS `+d.kept+` (
+	id           bigint      PRIMARY KEY,`+keptColumnsDDL+`
+)`)
+	}
+	return append(stmts,
+		`WITH m AS (DELETE FROM `+d.outbox+` WHERE dead_at IS NOT NULL AND published_at IS NULL
+	RETURNING `+messageColumns+`, attempts, last_error, error_fp, dead_at)
+INSERT INTO `+d.dead+` (`+messageColumns+`, attempts, last_error, error_fp, dead_at)
+SELECT * FROM m ON CONFLICT DO NOTHING`,
+		`WITH m AS (DELETE FROM `+d.outbox+` WHERE published_at IS NOT NULL
+	RETURNING `+messageColumns+`, published_at)
+INSERT INTO `+d.kept+` (`+messageColumns+`, published_at)
+SELECT * FROM m ON CONFLICT DO NOTHING`,
+		`DROP INDEX IF EXISTS `+d.qualify(t+"_pending_idx")+`, `+d.qualify(t+"_dead_idx")+`, `+d.qualify(t+"_dead_fp_idx"),
+	)
+}
+
+// fingerprintSQL computes sqladapters.FingerprintError of the text
+// expression t in SQL: the first 16 bytes of the SHA-256 of its UTF-8
+// form.
+func fingerprintSQL(t string) string {
+	return `substring(sha256(convert_to(` + t + `, 'UTF8')) from 1 for 16)`
 }
 
 // inboxVersion is the migration that creates the inbox.
@@ -101,11 +221,30 @@ func (d *sqlDialect) LockMigrations() (lock, unlock sqladapters.Query) {
 	}, sqladapters.Query{}
 }
 
+// Schema returns Options.Schema, and the statement selecting the first
+// schema of the connection's search_path, which unqualified names resolve
+// to, for when it is "".
+func (d *sqlDialect) Schema() (string, sqladapters.Query) {
+	return d.opts.Schema, sqladapters.Query{SQL: `SELECT current_schema()`}
+}
+
 // CreateMigrationsTable creates the schema (when set) and the version table.
+//
+// It runs under the migration lock, but a session keeps the catalog
+// lookups it made in a cache that the grant of an advisory lock does not
+// refresh: a migrator whose connection saw the schema missing (it is in
+// its search_path, or it was dropped before) would still see it missing
+// after the migrator it waited for created it, and fail with a duplicate
+// key (SQLSTATE 23505 on pg_namespace) creating it again. Opening
+// pg_namespace takes a table lock, which refreshes the cache first, unless
+// the transaction opened pg_namespace before; sqladapters.Migrate retries
+// in a new transaction for that case.
 func (d *sqlDialect) CreateMigrationsTable() []sqladapters.Query {
 	var qs []sqladapters.Query
 	if d.opts.Schema != "" {
-		qs = append(qs, sqladapters.Query{SQL: `CREATE SCHEMA IF NOT EXISTS ` + quote(d.opts.Schema)})
+		qs = append(qs,
+			sqladapters.Query{SQL: `SELECT FROM pg_catalog.pg_namespace LIMIT 0`},
+			sqladapters.Query{SQL: `CREATE SCHEMA IF NOT EXISTS ` + quote(d.opts.Schema)})
 	}
 	return append(qs, sqladapters.Query{SQL: `CREATE TABLE IF NOT EXISTS ` + d.migrate + ` (
 	version    integer PRIMARY KEY,

@@ -49,12 +49,16 @@ var partitionOrigin = time.Date(2000, 1, 3, 0, 0, 0, 0, time.UTC)
 // named <outbox>_pYYYYMMDD_HHMM after the UTC start of its range, and a
 // default partition <outbox>_default. The primary key is (id, created_at),
 // since Postgres requires the partition key in every unique constraint; id
-// still comes from one identity sequence and stays unique. The pending,
-// retry and dead indexes are partitioned indexes, present on every
-// partition. Statements that find rows by id alone (completing, failing,
-// requeueing and discarding rows) cannot prune partitions: they probe the
-// primary-key index of each partition, which stays cheap while the number
-// of partitions is a few dozen (see MaxPartitions).
+// still comes from one identity sequence and stays unique. The retry
+// index is a partitioned index, present on every partition. The table of
+// forwarded rows kept for audit is partitioned alike: for every outbox
+// partition <outbox>_p… there is <outbox>_k… over the same range (and
+// <outbox>_kept_default), created and dropped with it. Dead letters live
+// in a plain table, <outbox>_dead. Statements that find rows by id alone
+// (completing, failing, keeping and requeueing rows) cannot prune
+// partitions: they probe the primary-key index of each partition, which
+// stays cheap while the number of partitions is a few dozen (see
+// MaxPartitions).
 //
 // The default partition takes every row whose created_at has no partition,
 // so an insert never fails because maintenance did not run in time: a
@@ -62,18 +66,19 @@ var partitionOrigin = time.Date(2000, 1, 3, 0, 0, 0, 0, time.UTC)
 // its message. Rows in the default partition are forwarded like any other.
 // A range whose rows sit in the default partition cannot get a partition
 // of its own (Postgres refuses to attach it); maintenance reports it as
-// blocked and those rows stay where they are. The default partition is
-// never dropped: forwarded rows kept there are removed by row deletes
+// blocked and those rows stay where they are. A dead letter requeued after
+// its range was dropped goes there too. The default partitions are never
+// dropped: forwarded rows kept there are removed by row deletes
 // (ops.Ops.Prune, `millbox prune`).
 //
-// Maintenance drops a partition once its whole range is older than
-// Retain, and never while it holds a pending or dead row (those are
-// reported instead, and dropped by a later run once forwarded, discarded
-// or requeued and forwarded). With KeepForwarded, forwarded rows are
-// therefore removed by dropping whole partitions, not by row deletes: no
-// dead tuples, no vacuum work, no index bloat. Without KeepForwarded the
-// forwarder still deletes rows as it publishes them, and retention drops
-// the emptied partitions.
+// Maintenance drops a range's partitions once the whole range is older
+// than Retain, and never while its outbox partition holds a pending row
+// (it reports those instead and drops them by a later run once their rows
+// are forwarded). With KeepForwarded, forwarded rows are therefore removed
+// by dropping whole partitions, not by row deletes: no dead tuples, no
+// vacuum work, no index bloat. Without KeepForwarded the forwarder still
+// deletes rows as it publishes them, and retention drops the emptied
+// partitions.
 //
 // Choose the partitioned layout when forwarded rows are kept for audit or
 // replay, or when the outbox may hold tens of millions of rows after an
@@ -102,7 +107,7 @@ type PartitionOptions struct {
 	// DefaultPartitionsAhead (3).
 	Ahead int
 	// Retain is how long a partition is kept after the end of its range;
-	// then maintenance drops it, unless it holds a pending or dead row.
+	// then maintenance drops it, unless it holds a pending row.
 	// At least Interval. Defaults to DefaultPartitionRetain (7 days), or
 	// Interval when that is longer.
 	Retain time.Duration
@@ -238,6 +243,50 @@ BEGIN
 END
 $millbox$`,
 	}
+}
+
+// partitionedKept returns the statements creating the kept rows' table of
+// the partitioned layout: partitioned by created_at like the outbox, with
+// a default partition and, for every partition of the outbox, one over
+// the same range (<outbox>_k… next to <outbox>_p…), so that retention
+// drops a range's kept rows with its outbox partition.
+func (d *sqlDialect) partitionedKept() []string {
+	t := d.opts.OutboxTable
+	schema := `''`
+	if d.opts.Schema != "" {
+		schema = `quote_ident('` + d.opts.Schema + `') || '.'`
+	}
+	return []string{
+		`CREATE TABLE IF NOT EXISTS ` + d.kept + ` (
+	id           bigint      NOT NULL,` + keptColumnsDDL + `,
+	PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at)`,
+		`CREATE TABLE IF NOT EXISTS ` + d.qualify(t+keptSuffix+defaultSuffix) + ` PARTITION OF ` + d.kept + ` DEFAULT ` + partitionStorage,
+		`DO $millbox$
+DECLARE
+	p record;
+BEGIN
+	FOR p IN SELECT c.relname::text AS name, pg_get_expr(c.relpartbound, c.oid) AS bound
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = '` + d.outbox + `'::regclass AND c.relname::text LIKE '` + t + `\_p%'
+	LOOP
+		EXECUTE format('CREATE TABLE IF NOT EXISTS %s PARTITION OF %s %s ` + partitionStorage + `',
+			` + schema + ` || quote_ident('` + t + keptPartitionInfix + `' || substr(p.name, ` + fmt.Sprint(len(t)+3) + `)), '` + d.kept + `', p.bound);
+	END LOOP;
+END
+$millbox$`,
+	}
+}
+
+// keptPartitionInfix starts the suffix of a kept partition's name where an
+// outbox partition's has "_p": <outbox>_k20060102_1504 fits the same 63
+// bytes as <outbox>_p20060102_1504.
+const keptPartitionInfix = "_k"
+
+// keptPartitionName returns the unquoted name of the kept rows' partition
+// over the range of the outbox partition named name.
+func (d *sqlDialect) keptPartitionName(name string) string {
+	return d.opts.OutboxTable + keptPartitionInfix + strings.TrimPrefix(name, d.opts.OutboxTable+"_p")
 }
 
 // layout returns the migrations of the plain layout as they are, or with

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,22 +14,17 @@ import (
 	"github.com/millbox/millbox/sqladapters/internal/dialecttest"
 	"github.com/millbox/millbox/sqladapters/internal/dialecttest/pgtest"
 	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
-	"github.com/millbox/millbox/sqladapters/ops"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
 // planBuilder is the part of the Postgres SQL builder whose plans these
 // tests read: the store's statements, the pending read's variant with
-// ages, its backlog settings, and the operations' statements that find
-// rows by id.
+// ages, and its backlog settings.
 type planBuilder interface {
 	sqlstore.Builder
 	sqlstore.PendingAges
 	sqlstore.PendingReadSetup
-	DeleteDeadLetters(ids []int64) sqladapters.Query
-	SelectDeadLetterIDs(w ops.Where, afterID int64, limit int) sqladapters.Query
-	SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query
 }
 
 // planBuilderOf returns the SQL builder behind d.
@@ -90,20 +86,26 @@ func TestPlanPartitionedStatementsUseIndexes(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending := sqladapters.PendingQuery{Partitions: 8, Owned: []int{1, 2}, Limit: 100}
-	for name, q := range map[string]sqladapters.Query{
-		"SelectPending":        b.SelectPending(pending),
-		"SelectPendingWithAge": b.SelectPendingWithAge(pending),
+	fp := sqladapters.FingerprintError("e")
+	for name, qs := range map[string][]sqladapters.Query{
+		"SelectPending":        {b.SelectPending(pending)},
+		"SelectPendingWithAge": {b.SelectPendingWithAge(pending)},
 		"CompleteForwarded":    b.CompleteForwarded([]int64{1, 2, 3}, false),
 		"CompleteKept":         b.CompleteForwarded([]int64{1, 2, 3}, true),
 		"RecordFailure":        b.RecordFailure(sqladapters.Failure{ID: 7, Attempts: 1, Error: "x"}),
+		"RecordFailureDead":    b.RecordFailure(sqladapters.Failure{ID: 7, Attempts: 1, Error: "x", Dead: true}),
 		"RequeueDeadLetters":   b.RequeueDeadLetters([]int64{4}),
-		"ListDeadLetters":      b.ListDeadLetters(0, 10),
-		"DeleteDeadLetters":    b.DeleteDeadLetters([]int64{4}),
-		"SelectDeadLetterIDs":  b.SelectDeadLetterIDs(ops.Where{IDs: []int64{4, 5}}, 0, 100),
-		"SelectForwardedIDs":   b.SelectForwardedIDs(time.Now(), 0, 100),
+		"SelectDeadLetters":    {b.SelectDeadLetters(sqladapters.DeadLetterQuery{Limit: 10})},
+		"SelectErrorGroup":     {b.SelectDeadLetters(sqladapters.DeadLetterQuery{Filter: sqladapters.DeadLetterFilter{Fingerprint: &fp}, Limit: 10})},
+		"DeleteDeadLetters":    {b.DeleteDeadLetters([]int64{4})},
+		"SelectDeadLetterIDs":  {b.SelectDeadLetterIDs(sqladapters.DeadLetterFilter{IDs: []int64{4, 5}}, 0, 100)},
+		"SelectForwardedIDs":   {b.SelectForwardedIDs(time.Now(), 0, 100)},
+		"DeleteForwarded":      {b.DeleteForwarded([]int64{4})},
 	} {
-		if plan := planText(t, ctx, tx, "EXPLAIN", q); strings.Contains(plan, "Seq Scan") {
-			t.Errorf("%s scans a partition without an index:\n%s", name, plan)
+		for _, q := range qs {
+			if plan := planText(t, ctx, tx, "EXPLAIN", q); strings.Contains(plan, "Seq Scan") {
+				t.Errorf("%s scans a partition without an index:\n%s", name, plan)
+			}
 		}
 	}
 }
@@ -265,6 +267,204 @@ func TestPlanOutboxInsertTakesTransactionIDFirst(t *testing.T) {
 		}
 		if !found {
 			t.Fatalf("options %+v: the insert does not take the transaction id before it draws row ids:\n%s", opts, plan)
+		}
+	}
+}
+
+// TestPlanErrorGroupPageReadsOneGroup reads a page of one error group
+// among 1,000,000 dead letters, as the admin page does for anyone who may
+// view it: the page must come from the fingerprint index, in id order,
+// without a payload or metadata in its output, and touch a page's worth
+// of buffers. The substring search of the same error, which reads every
+// dead row, is the yardstick; the plan is checked as a custom and as a
+// generic plan (a prepared statement's).
+func TestPlanErrorGroupPageReadsOneGroup(t *testing.T) {
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	d := pgtest.Dialect(t, db, pool, postgres.Options{})
+	ctx := dialecttest.Ctx(t, 5*time.Minute)
+	b := planBuilderOf(t, d)
+	const rows, groups = 1000000, 100
+	dead := d.Tables()[5]
+	for _, s := range []string{
+		`INSERT INTO ` + dead + ` (id, topic, uuid, payload, metadata, key_hash, created_at, attempts, last_error, error_fp, dead_at)
+			SELECT g, 'bulk', g::text, convert_to(repeat('p', 64), 'UTF8'), '{}', 0, now(), 3, e, substring(sha256(convert_to(e, 'UTF8')) from 1 for 16), now()
+			FROM generate_series(1, ` + strconv.Itoa(rows) + `) g, LATERAL (SELECT 'bulk failure ' || (g % ` + strconv.Itoa(groups) + `) AS e) x`,
+		`ANALYZE ` + dead,
+	} {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fp := sqladapters.FingerprintError("bulk failure 7")
+	if n, err := d.CountDeadLetters(ctx, db, sqladapters.DeadLetterFilter{Fingerprint: &fp}); err != nil || n != rows/groups {
+		t.Fatalf("the group holds %d dead letters, %v; want %d", n, err, rows/groups)
+	}
+	page := b.SelectDeadLetters(sqladapters.DeadLetterQuery{Filter: sqladapters.DeadLetterFilter{Fingerprint: &fp}, AfterID: 5000, Limit: 50})
+	search := b.SelectDeadLetters(sqladapters.DeadLetterQuery{Filter: sqladapters.DeadLetterFilter{ErrorContains: "bulk failure 7x"}, Limit: 50})
+
+	type node struct {
+		Type    string   `json:"Node Type"`
+		Index   string   `json:"Index Name"`
+		Output  []string `json:"Output"`
+		Hit     int      `json:"Shared Hit Blocks"`
+		Read    int      `json:"Shared Read Blocks"`
+		Rows    int      `json:"Actual Rows"`
+		Plans   []node   `json:"Plans"`
+		Sort    []string `json:"Sort Key"`
+		Filters string   `json:"Filter"`
+	}
+	explain := func(mode string, q sqladapters.Query) node {
+		t.Helper()
+		tx, err := db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sqladapters.Rollback(tx)
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = `+mode); err != nil {
+			t.Fatal(err)
+		}
+		var plan []struct{ Plan node }
+		text := planText(t, ctx, tx, "EXPLAIN (ANALYZE, BUFFERS, VERBOSE, FORMAT JSON)", q)
+		if err := json.Unmarshal([]byte(text), &plan); err != nil || len(plan) != 1 {
+			t.Fatalf("plan: %v\n%s", err, text)
+		}
+		return plan[0].Plan
+	}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		top := explain(mode, page)
+		if top.Type != "Limit" || len(top.Plans) != 1 {
+			t.Fatalf("%s: the page's plan is not a limit over one scan: %+v", mode, top)
+		}
+		scan := top.Plans[0]
+		if scan.Type != "Index Scan" || !strings.HasSuffix(scan.Index, "_deadfp_idx") || len(scan.Plans) != 0 {
+			t.Fatalf("%s: the page is read by %s on %q, want an index scan of the fingerprint index: %+v", mode, scan.Type, scan.Index, scan)
+		}
+		for _, col := range scan.Output {
+			if strings.Contains(col, "payload") || strings.Contains(col, "metadata") {
+				t.Fatalf("%s: the page reads %s: %v", mode, col, scan.Output)
+			}
+		}
+		whole := explain(mode, search)
+		t.Logf("%s: the group page touched %d buffers for %d rows; the search through every dead row %d", mode, top.Hit+top.Read, top.Rows, whole.Hit+whole.Read)
+		if top.Rows != 50 || (top.Hit+top.Read)*100 > whole.Hit+whole.Read {
+			t.Fatalf("%s: the group page read %d rows through %d buffers, the search through every dead row %d: it did not read one group", mode, top.Rows, top.Hit+top.Read, whole.Hit+whole.Read)
+		}
+	}
+}
+
+// TestPlanPendingReadThroughPrimaryKey reads pending rows, as the
+// forwarder does, from an outbox of MILLBOX_PLAN_ROWS pending rows
+// (default 1,000,000; the plan shown in the docs was read at 10,000,000)
+// next to as many dead letters and kept rows in their tables, and one row
+// waiting for a retry that holds its key back: the outbox has no index
+// but its primary key and the partial retry index, and the read is an
+// index scan of the primary key that stops after its limit, touching a
+// page's worth of buffers whatever the table's size, with the backoff
+// check a lookup in the retry index. Read from the head, after a floor
+// (PendingQuery.After) and for some partitions, as custom and as generic
+// plans.
+func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
+	rows := 1000000
+	if v := os.Getenv("MILLBOX_PLAN_ROWS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 10000 {
+			t.Fatalf("MILLBOX_PLAN_ROWS=%q: want a number of at least 10000", v)
+		}
+		rows = n
+	}
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	d := pgtest.Dialect(t, db, pool, postgres.Options{})
+	ctx := dialecttest.Ctx(t, 30*time.Minute)
+	b := planBuilderOf(t, d)
+	n := strconv.Itoa(rows)
+	for _, s := range []string{
+		`INSERT INTO ` + d.OutboxTable() + ` (topic, uuid, payload, key, key_hash)
+			SELECT 'bulk', g::text, convert_to(repeat('p', 64), 'UTF8'), 'k' || (g % 1000), g % 1000 FROM generate_series(1, ` + n + `) g`,
+		`INSERT INTO ` + d.Tables()[5] + ` (id, topic, uuid, payload, metadata, key_hash, created_at, attempts, last_error, dead_at)
+			SELECT -g, 'bulk', g::text, convert_to(repeat('p', 64), 'UTF8'), '{}', 0, now(), 3, 'dead', now() FROM generate_series(1, ` + n + `) g`,
+		`INSERT INTO ` + d.Tables()[6] + ` (id, topic, uuid, payload, metadata, key_hash, created_at, published_at)
+			SELECT -g, 'bulk', g::text, convert_to(repeat('p', 64), 'UTF8'), '{}', 0, now(), now() FROM generate_series(1, ` + n + `) g`,
+		`ANALYZE ` + d.OutboxTable(),
+	} {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var indexes []string
+	if err := pool.QueryRow(ctx, `SELECT array_agg(indexrelid::regclass::text ORDER BY 1) FROM pg_index WHERE indrelid = $1::regclass`, d.OutboxTable()).Scan(&indexes); err != nil {
+		t.Fatal(err)
+	}
+	if len(indexes) != 2 || !strings.HasSuffix(indexes[0], `_pkey"`) && !strings.HasSuffix(indexes[0], "_pkey") || !strings.Contains(indexes[1], "_retry_idx") {
+		t.Fatalf("the outbox's indexes: %v, want its primary key and the partial retry index", indexes)
+	}
+	// The first row of key k7 waits for a retry: it holds its key back.
+	if _, err := d.RecordFailure(ctx, db, sqladapters.Failure{ID: 7, Attempts: 1, Error: "x", Backoff: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+
+	type node struct {
+		Type     string   `json:"Node Type"`
+		Relation string   `json:"Relation Name"`
+		Index    string   `json:"Index Name"`
+		Hit      int      `json:"Shared Hit Blocks"`
+		Read     int      `json:"Shared Read Blocks"`
+		Rows     int      `json:"Actual Rows"`
+		Plans    []node   `json:"Plans"`
+		Sort     []string `json:"Sort Key"`
+	}
+	const limit = 100
+	for name, q := range map[string]sqladapters.PendingQuery{
+		"head":       {Limit: limit},
+		"after":      {After: int64(rows / 2), Limit: limit},
+		"partitions": {Partitions: 16, Owned: []int{3, 11}, After: int64(rows / 2), Limit: limit},
+	} {
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			tx, err := db.Begin(ctx, sql.TxOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = `+mode); err != nil {
+				t.Fatal(err)
+			}
+			text := planText(t, ctx, tx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)", b.SelectPendingWithAge(q))
+			sqladapters.Rollback(tx)
+			var plan []struct{ Plan node }
+			if err := json.Unmarshal([]byte(text), &plan); err != nil || len(plan) != 1 {
+				t.Fatalf("plan: %v\n%s", err, text)
+			}
+			top := plan[0].Plan
+			if top.Type != "Limit" || len(top.Plans) != 1 || top.Rows != limit {
+				t.Fatalf("%s, %s: not a limit of %d rows over one scan: %s", name, mode, limit, text)
+			}
+			scan := top.Plans[0]
+			if scan.Type != "Index Scan" || !strings.HasSuffix(scan.Index, "_pkey") || len(scan.Sort) != 0 {
+				t.Fatalf("%s, %s: the rows come from %s %q, want an index scan of the primary key: %s", name, mode, scan.Type, scan.Index, text)
+			}
+			var check func(n node) bool
+			check = func(n node) bool {
+				if n.Relation != "" && n.Index != "" && strings.HasSuffix(n.Index, "_retry_idx") {
+					return true
+				}
+				for _, c := range n.Plans {
+					if check(c) {
+						return true
+					}
+				}
+				return false
+			}
+			if !check(scan) {
+				t.Fatalf("%s, %s: the backoff check does not look the key up in the retry index: %s", name, mode, text)
+			}
+			buffers := top.Hit + top.Read
+			t.Logf("%s, %s: %d rows of %d pending through %s, %d buffers", name, mode, top.Rows, rows, scan.Index, buffers)
+			if buffers > 10*limit {
+				t.Fatalf("%s, %s: the read touched %d buffers for %d rows: it walked the table", name, mode, buffers, limit)
+			}
+			if name == "head" && mode == "force_generic_plan" {
+				t.Logf("the plan:\n%s", planText(t, ctx, db, "EXPLAIN (COSTS OFF)", b.SelectPendingWithAge(q)))
+			}
 		}
 	}
 }

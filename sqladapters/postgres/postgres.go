@@ -32,9 +32,10 @@ type Options struct {
 	// Schema holding the tables. Defaults to "" (unqualified names, found
 	// through the connection's search_path). Migrate creates it if missing.
 	Schema string
-	// OutboxTable defaults to DefaultOutboxTable. The lease, member and
-	// migration tables are named after it with suffixes _leases, _members
-	// and _migrations.
+	// OutboxTable defaults to DefaultOutboxTable. The tables of dead
+	// letters, of forwarded rows kept for audit, of leases, members and
+	// migrations are named after it with the suffixes _dead, _kept,
+	// _leases, _members and _migrations.
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
@@ -45,7 +46,7 @@ type Options struct {
 	WithoutInbox bool
 	// Notify makes the outbox insert call pg_notify, so that forwarders
 	// connected through pgxv5.WrapPool wake up on the commit instead of
-	// at their next look at the table (Config.WatchInterval, a few
+	// at their next look at the table (forwarder.Polling.WatchInterval, a few
 	// milliseconds). Defaults to false: NOTIFY takes a database-wide lock
 	// at commit that serializes every committing transaction that
 	// notified, which costs far more under concurrent writers than the
@@ -80,6 +81,7 @@ var (
 type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
+	dead, kept                              string
 	channel                                 string
 }
 
@@ -124,6 +126,8 @@ func newSQL(opts Options) (*sqlDialect, error) {
 	d.leases = d.qualify(opts.OutboxTable + "_leases")
 	d.members = d.qualify(opts.OutboxTable + "_members")
 	d.migrate = d.qualify(opts.OutboxTable + "_migrations")
+	d.dead = d.qualify(opts.OutboxTable + deadSuffix)
+	d.kept = d.qualify(opts.OutboxTable + keptSuffix)
 	if opts.Notify {
 		d.channel = channelName(opts.Schema, opts.OutboxTable)
 	}
@@ -225,6 +229,27 @@ func int64Array(ids []int64) string {
 	return b.String()
 }
 
+// textArray renders strings as a text[] literal, every element quoted.
+func textArray(v []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range v {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for _, c := range []byte(s) {
+			if c == '"' || c == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(c)
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
 func intArray(v []int) string {
 	ids := make([]int64, len(v))
 	for i, x := range v {
@@ -240,7 +265,8 @@ func (d *Dialect) Schema() string { return d.sql.opts.Schema }
 func (d *Dialect) Options() Options { return d.sql.opts }
 
 // Tables returns the quoted names of every table the migrations create, for
-// tools that clean up or inspect them.
+// tools that clean up or inspect them: the outbox, leases, members, inbox
+// and migrations, then the dead letters and the kept rows.
 func (d *Dialect) Tables() []string {
-	return []string{d.sql.outbox, d.sql.leases, d.sql.members, d.sql.inbox, d.sql.migrate}
+	return []string{d.sql.outbox, d.sql.leases, d.sql.members, d.sql.inbox, d.sql.migrate, d.sql.dead, d.sql.kept}
 }

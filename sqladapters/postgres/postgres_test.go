@@ -20,6 +20,7 @@ func TestDialect(t *testing.T) {
 		Inbox:   `"millbox_inbox"`,
 		Features: sqladapters.Features{
 			TransactionalDDL: true, SkipLocked: true, ConcurrentWriters: true, ExcludeInSQL: true, HighWaterMark: true, Horizon: true,
+			LogicalReplication: true,
 		},
 		BadNames: map[string]postgres.Options{
 			"schema quote": {Schema: `public"; DROP SCHEMA public; --`},

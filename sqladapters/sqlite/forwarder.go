@@ -1,20 +1,28 @@
 package sqlite
 
 import (
+	"encoding/json"
 	"strings"
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
 )
 
-const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attempts`
+const rowColumns = `o.id, o.topic, o.uuid, o.payload, o.metadata, o.key, o.attempts, o.key_hash`
 
-// SelectPending reads due rows in id order. A row whose key has an earlier
-// row backing off after a failure is left out, so the key keeps its order.
-// The backoff check looks the key's hash up in the retry index, which holds
-// only rows waiting for a retry, and then compares the full keys: the index
-// stays small whatever the keys' length, and a key sharing another's hash
-// is not held back.
+// retrying is the predicate of the retry index: rows waiting for a
+// retry. It names dead_at and published_at, always NULL since version 5,
+// because the index was made with them; a statement that reads the index
+// must repeat them for the planner to use it.
+const retrying = `attempts > 0 AND dead_at IS NULL AND published_at IS NULL`
+
+// SelectPending reads due rows in id order along the table's b-tree: the
+// outbox holds only rows that still have to go, so the read walks no dead
+// or kept row. A row whose key has an earlier row backing off after a
+// failure is left out, so the key keeps its order. The backoff check looks
+// the key's hash up in the retry index, which holds only rows waiting for
+// a retry, and then compares the full keys: the index stays small whatever
+// the keys' length, and a key sharing another's hash is not held back.
 // Lists of partitions and ids travel as one JSON array each (json_each), so
 // the SQL text depends only on which filters are set.
 //
@@ -28,7 +36,7 @@ func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query
 	at := time.Now().UTC().Format(timeFormat)
 	args := []any{at}
 	b.WriteString(`SELECT ` + rowColumns + ` FROM ` + d.outbox + ` o
-WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= ?`)
+WHERE o.next_attempt_at <= ?`)
 	if q.Owned != nil {
 		b.WriteString(` AND o.key_hash % ? IN (SELECT value FROM json_each(?))`)
 		args = append(args, q.Partitions, idList(q.Owned))
@@ -41,59 +49,72 @@ WHERE o.dead_at IS NULL AND o.published_at IS NULL AND o.next_attempt_at <= ?`)
 		b.WriteString(` AND o.id > ?`)
 		args = append(args, q.After)
 	}
+	if len(q.SkipKeys) > 0 {
+		b.WriteString(` AND (o.key IS NULL OR o.key NOT IN (SELECT value FROM json_each(?)))`)
+		keys, _ := json.Marshal(q.SkipKeys)
+		args = append(args, string(keys))
+	}
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p
-	WHERE p.key_hash = o.key_hash AND p.id < o.id AND p.attempts > 0
-	AND p.dead_at IS NULL AND p.published_at IS NULL AND p.next_attempt_at > ?
-	AND p.key = o.key))
+	WHERE p.key_hash = o.key_hash AND p.id < o.id AND p.` + strings.ReplaceAll(retrying, " AND ", " AND p.") + `
+	AND p.next_attempt_at > ? AND p.key = o.key))
 ORDER BY o.id LIMIT ?`)
 	args = append(args, at, q.Limit)
 	return sqladapters.Query{SQL: b.String(), Args: args}
 }
 
-// CompleteForwarded deletes published rows, or stamps published_at.
-func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) sqladapters.Query {
-	if keep {
-		return sqladapters.Query{
-			SQL:  `UPDATE ` + d.outbox + ` SET published_at = ` + now + ` WHERE id IN (SELECT value FROM json_each(?))`,
-			Args: []any{idList(ids)},
-		}
-	}
-	return sqladapters.Query{
+// CompleteForwarded deletes published rows, or moves them to the kept
+// table: an insert of copies, then the delete, in one transaction.
+func (d *sqlDialect) CompleteForwarded(ids []int64, keep bool) []sqladapters.Query {
+	del := sqladapters.Query{
 		SQL:  `DELETE FROM ` + d.outbox + ` WHERE id IN (SELECT value FROM json_each(?))`,
 		Args: []any{idList(ids)},
 	}
+	if !keep {
+		return []sqladapters.Query{del}
+	}
+	return []sqladapters.Query{{
+		SQL: `INSERT INTO ` + d.kept + ` (` + messageColumns + `)
+SELECT ` + messageColumns + ` FROM ` + d.outbox + ` WHERE id IN (SELECT value FROM json_each(?))`,
+		Args: []any{idList(ids)},
+	}, del}
 }
 
-// RecordFailure stores the attempt count, error and next attempt time.
-func (d *sqlDialect) RecordFailure(f sqladapters.Failure) sqladapters.Query {
-	return sqladapters.Query{
-		SQL: `UPDATE ` + d.outbox + ` SET attempts = ?, last_error = ?,
-	next_attempt_at = ` + nowPlus + `,
-	dead_at = CASE WHEN ? THEN ` + now + ` END
+// RecordFailure stores the attempt count, error and its fingerprint, and
+// the next attempt time; a dead row moves to the dead letters' table.
+func (d *sqlDialect) RecordFailure(f sqladapters.Failure) []sqladapters.Query {
+	fp := sqladapters.FingerprintError(f.Error)
+	if f.Dead {
+		return []sqladapters.Query{{
+			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp)
+SELECT ` + messageColumns + `, ?, ?, ? FROM ` + d.outbox + ` WHERE id = ?`,
+			Args: []any{f.Attempts, f.Error, fp[:], f.ID},
+		}, {
+			SQL:  `DELETE FROM ` + d.outbox + ` WHERE id = ?`,
+			Args: []any{f.ID},
+		}}
+	}
+	return []sqladapters.Query{{
+		SQL: `UPDATE ` + d.outbox + ` SET attempts = ?, last_error = ?, error_fp = ?,
+	next_attempt_at = ` + nowPlus + `
 WHERE id = ?`,
-		Args: []any{f.Attempts, f.Error, offset(f.Backoff), f.Dead, f.ID},
-	}
+		Args: []any{f.Attempts, f.Error, fp[:], offset(f.Backoff), f.ID},
+	}}
 }
 
-// ListDeadLetters pages through dead rows. created_at and dead_at are
-// selected as bare columns, so drivers see their declared TIMESTAMP type.
-func (d *sqlDialect) ListDeadLetters(afterID int64, limit int) sqladapters.Query {
-	return sqladapters.Query{
-		SQL: `SELECT ` + rowColumns + `, coalesce(o.last_error, ''), o.created_at, o.dead_at FROM ` + d.outbox + ` o
-WHERE o.dead_at IS NOT NULL AND o.id > ? ORDER BY o.id LIMIT ?`,
-		Args: []any{afterID, limit},
-	}
-}
-
-// RequeueDeadLetters makes dead rows pending again.
-func (d *sqlDialect) RequeueDeadLetters(ids []int64) sqladapters.Query {
-	q := `UPDATE ` + d.outbox + ` SET dead_at = NULL, attempts = 0, next_attempt_at = ` + now + ` WHERE dead_at IS NOT NULL`
-	if ids == nil {
-		return sqladapters.Query{SQL: q}
-	}
-	return sqladapters.Query{SQL: q + ` AND id IN (SELECT value FROM json_each(?))`, Args: []any{idList(ids)}}
+// RequeueDeadLetters moves dead letters back into the outbox under their
+// ids: an insert of copies, then the delete, in one transaction. Their
+// last error and its fingerprint go along.
+func (d *sqlDialect) RequeueDeadLetters(ids []int64) []sqladapters.Query {
+	return []sqladapters.Query{{
+		SQL: `INSERT INTO ` + d.outbox + ` (` + messageColumns + `, last_error, error_fp, requeued_at)
+SELECT ` + messageColumns + `, last_error, error_fp, ` + now + ` FROM ` + d.dead + ` WHERE id IN (SELECT value FROM json_each(?))`,
+		Args: []any{idList(ids)},
+	}, {
+		SQL:  `DELETE FROM ` + d.dead + ` WHERE id IN (SELECT value FROM json_each(?))`,
+		Args: []any{idList(ids)},
+	}}
 }
 
 // EnsurePartitions creates the missing lease rows.
@@ -174,14 +195,7 @@ func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqlada
 	}
 }
 
-// CountOutbox counts pending and dead rows.
-func (d *sqlDialect) CountOutbox() sqladapters.Query {
-	return sqladapters.Query{SQL: `SELECT
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL)`}
-}
-
-// SelectPendingWithAge is SelectPending with an eighth column: each row's
+// SelectPendingWithAge is SelectPending with a ninth column: each row's
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.

@@ -78,11 +78,108 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 			`CREATE INDEX IF NOT EXISTS ` + quote(d.opts.InboxTable+"_received_idx") + ` ON ` + d.inbox + ` (received_at)`,
 		},
 	}}
+	ms = append(ms, sqladapters.Migration{
+		Version: fingerprintVersion,
+		Name:    "error fingerprints and requeue times",
+		Statements: []string{
+			// A failure stores its error's fingerprint (the first 16 bytes
+			// of its SHA-256, sqladapters.FingerprintError), so that the
+			// dead letters of one error are found through dead_fp_idx and
+			// addressed by it; a requeue stores its time, from which the
+			// age of a pending row counts. SQLite cannot add a column
+			// only if it is missing: Migrate applies this version once,
+			// in a transaction, and then fingerprints the errors recorded
+			// before it (see FingerprintVersion), which SQLite cannot hash
+			// itself.
+			// Processes of this version record failures with a
+			// fingerprint: apply it before they start, or let them run
+			// Migrate at start. Older processes work on it unchanged.
+			`ALTER TABLE ` + o + ` ADD COLUMN error_fp BLOB`,
+			`ALTER TABLE ` + o + ` ADD COLUMN requeued_at TIMESTAMP`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_dead_fp_idx") + ` ON ` + o + ` (error_fp, id) WHERE dead_at IS NOT NULL`,
+		},
+	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 5,
+		Name:    "dead letters and kept rows in tables of their own",
+		// The outbox then holds only rows that still have to go; the
+		// insert maintains the table's b-tree alone (the retry index is
+		// partial and holds only rows that failed). Its dead_at and
+		// published_at columns stay, always NULL, because the retry
+		// index's predicate names them. Rows keep their ids in every
+		// table. Stop forwarders of earlier versions before applying it:
+		// they would mark rows dead or forwarded in the outbox, where this
+		// version no longer looks for them.
+		Statements: []string{
+			`CREATE TABLE IF NOT EXISTS ` + d.dead + ` (
+	id          INTEGER   PRIMARY KEY,` + messageColumnsDDL + `
+	attempts    INTEGER   NOT NULL,
+	last_error  TEXT,
+	error_fp    BLOB,
+	dead_at     TIMESTAMP NOT NULL DEFAULT (` + now + `)
+)`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_deadfp_idx") + ` ON ` + d.dead + ` (error_fp, id)`,
+			`CREATE TABLE IF NOT EXISTS ` + d.kept + ` (
+	id           INTEGER   PRIMARY KEY,` + messageColumnsDDL + `
+	published_at TIMESTAMP NOT NULL DEFAULT (` + now + `)
+)`,
+			`INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, dead_at)
+SELECT ` + messageColumns + `, attempts, last_error, error_fp, dead_at FROM ` + o + ` WHERE dead_at IS NOT NULL AND published_at IS NULL
+ON CONFLICT (id) DO NOTHING`,
+			`DELETE FROM ` + o + ` WHERE dead_at IS NOT NULL AND published_at IS NULL`,
+			`INSERT INTO ` + d.kept + ` (` + messageColumns + `, published_at)
+SELECT ` + messageColumns + `, published_at FROM ` + o + ` WHERE published_at IS NOT NULL
+ON CONFLICT (id) DO NOTHING`,
+			`DELETE FROM ` + o + ` WHERE published_at IS NOT NULL`,
+			`DROP INDEX IF EXISTS ` + quote(t+"_pending_idx"),
+			`DROP INDEX IF EXISTS ` + quote(t+"_dead_idx"),
+			`DROP INDEX IF EXISTS ` + quote(t+"_dead_fp_idx"),
+		},
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}
 	return ms
 }
+
+// messageColumns are the columns a message keeps in every table it passes
+// through, in this order.
+const messageColumns = `id, topic, uuid, payload, metadata, key, key_hash, created_at`
+
+// messageColumnsDDL are the columns of messageColumns after id, as the
+// tables of dead letters and kept rows declare them.
+const messageColumnsDDL = `
+	topic       TEXT      NOT NULL,
+	uuid        TEXT      NOT NULL,
+	payload     BLOB      NOT NULL,
+	metadata    TEXT      NOT NULL,
+	key         TEXT,
+	key_hash    INTEGER   NOT NULL,
+	created_at  TIMESTAMP NOT NULL,`
+
+// fingerprintVersion is the migration that adds error fingerprints.
+const fingerprintVersion = 4
+
+// FingerprintVersion is the migration after which Migrate fingerprints
+// the errors recorded before it.
+func (d *sqlDialect) FingerprintVersion() int { return fingerprintVersion }
+
+// UnfingerprintedErrors selects the rows that failed before error
+// fingerprints existed.
+func (d *sqlDialect) UnfingerprintedErrors(afterID int64, limit int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT id, last_error FROM ` + d.outbox + ` WHERE last_error IS NOT NULL AND error_fp IS NULL AND id > ? ORDER BY id LIMIT ?`,
+		Args: []any{afterID, limit},
+	}
+}
+
+// SetFingerprint stores the fingerprint of one row's error.
+func (d *sqlDialect) SetFingerprint(id int64, fp sqladapters.ErrorFingerprint) sqladapters.Query {
+	return sqladapters.Query{SQL: `UPDATE ` + d.outbox + ` SET error_fp = ? WHERE id = ?`, Args: []any{fp[:], id}}
+}
+
+// Schema returns "main": SQLite has one database per file, so named.
+func (d *sqlDialect) Schema() (string, sqladapters.Query) { return "main", sqladapters.Query{} }
 
 // inboxVersion is the migration that creates the inbox.
 const inboxVersion = 3

@@ -41,9 +41,10 @@ const (
 
 // Options names the tables of one millbox installation.
 type Options struct {
-	// OutboxTable defaults to DefaultOutboxTable. The lease, member and
-	// migration tables are named after it with suffixes _leases, _members
-	// and _migrations.
+	// OutboxTable defaults to DefaultOutboxTable. The tables of dead
+	// letters, of forwarded rows kept for audit, of leases, members and
+	// migrations are named after it with the suffixes _dead, _kept,
+	// _leases, _members and _migrations.
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
@@ -72,6 +73,7 @@ var _ sqladapters.Dialect = (*Dialect)(nil)
 type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
+	dead, kept                              string
 	migrateLock                             string
 }
 
@@ -117,6 +119,8 @@ func newSQL(opts Options) (*sqlDialect, error) {
 		leases:      quote(opts.OutboxTable + "_leases"),
 		members:     quote(opts.OutboxTable + "_members"),
 		migrate:     quote(opts.OutboxTable + "_migrations"),
+		dead:        quote(opts.OutboxTable + "_dead"),
+		kept:        quote(opts.OutboxTable + "_kept"),
 		migrateLock: quote(opts.OutboxTable + "_migration_lock"),
 	}, nil
 }
@@ -135,8 +139,9 @@ func MustNew(opts Options) *Dialect {
 func objectNames(opts Options) []string {
 	o, i := opts.OutboxTable, opts.InboxTable
 	return []string{
-		o, o + "_pending_idx", o + "_retry_idx", o + "_dead_idx",
+		o, o + "_pending_idx", o + "_retry_idx", o + "_dead_idx", o + "_dead_fp_idx",
 		o + "_leases", o + "_members", o + "_migrations", o + "_migration_lock",
+		o + "_dead", o + "_kept", o + "_deadfp_idx",
 		i, i + "_received_idx",
 	}
 }
@@ -240,9 +245,10 @@ func idList[T int | int64](ids []T) string {
 func (d *Dialect) Options() Options { return d.sql.opts }
 
 // Tables returns the quoted names of every table the migrations create, for
-// tools that clean up or inspect them.
+// tools that clean up or inspect them: the outbox, leases, members, inbox
+// and migrations, then the dead letters and the kept rows.
 func (d *Dialect) Tables() []string { return d.sql.tables() }
 
 func (d *sqlDialect) tables() []string {
-	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate}
+	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate, d.dead, d.kept}
 }

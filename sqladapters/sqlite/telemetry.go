@@ -2,12 +2,16 @@ package sqlite
 
 import "github.com/millbox/millbox/sqladapters"
 
-// OutboxStats counts pending and dead rows and measures the age of the
-// oldest pending row by the database clock.
+// OutboxStats counts the pending rows (the whole outbox) and the dead
+// letters and measures how long the oldest pending row has waited by the
+// database clock. The row with the lowest id stands in for the oldest; as
+// a requeued row waits from its requeue, the lowest row never requeued is
+// measured too, so that an old row behind a fresh requeue still shows.
 func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NULL AND published_at IS NULL),
-	(SELECT count(*) FROM ` + d.outbox + ` WHERE dead_at IS NOT NULL),
-	coalesce((SELECT CAST((julianday('now') - julianday(created_at)) * 86400000000.0 AS INTEGER) FROM ` + d.outbox + `
-		WHERE dead_at IS NULL AND published_at IS NULL ORDER BY id LIMIT 1), 0)`}
+	(SELECT count(*) FROM ` + d.outbox + `),
+	(SELECT count(*) FROM ` + d.dead + `),
+	max(
+		coalesce((SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY id LIMIT 1), 0),
+		coalesce((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0))`}
 }

@@ -32,7 +32,8 @@ func IsPermanent(err error) bool {
 
 // unavailableMarkers are texts of connection-level errors of publishers
 // that do not wrap ErrDestinationUnavailable or a network error: sarama
-// (watermill-kafka), amqp091 (watermill-amqp), franz-go.
+// (watermill-kafka), amqp091 (watermill-amqp), franz-go, nats.go
+// (watermill-nats), go-redis (watermill-redisstream).
 var unavailableMarkers = []string{
 	"connection refused",
 	"connection reset",
@@ -45,6 +46,26 @@ var unavailableMarkers = []string{
 	"no route to host",
 	"unable to dial",
 	"use of closed network connection",
+	// nats.go: no acknowledgement from JetStream in time (the server is
+	// down or restarting; the client reconnects meanwhile), or the
+	// connection is down.
+	"nats: timeout",
+	"nats: connection reconnecting",
+	"nats: server is disconnected",
+	"nats: no servers available",
+	"nats: outbound buffer limit exceeded",
+	"nats: stale connection",
+	"jetstream not enabled",
+	"jetstream system temporarily unavailable",
+	// Redis: restarting, failing over, full (noeviction), or too busy.
+	"redis is loading the dataset",
+	"masterdown",
+	"clusterdown",
+	"tryagain",
+	"read only replica",
+	"oom command not allowed",
+	"max number of clients reached",
+	"connection pool timeout",
 }
 
 // Unavailable tells a failure of the destination as a whole (broker down,
@@ -99,4 +120,10 @@ func Text(err error) string {
 		}
 	}
 	return s
+}
+
+// RetryDelay is the wait before retrying an operation that failed after
+// waiting prev (zero the first time): doubled, from 100ms up to 5s.
+func RetryDelay(prev time.Duration) time.Duration {
+	return min(max(2*prev, 100*time.Millisecond), 5*time.Second)
 }

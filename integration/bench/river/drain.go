@@ -123,7 +123,7 @@ func prefillRiver(ctx context.Context, client *river.Client[pgx.Tx], n int, payl
 // drainMillbox runs a forwarder with default settings until dest has seen
 // n messages and Close has flushed the deletes, and returns the rate.
 func drainMillbox(ctx context.Context, b *bench, n int, dest *countingPublisher) (float64, error) {
-	f, err := forwarder.New(forwarder.Config{DB: pgxv5.WrapPool(b.pool), Dialect: b.millbox, Publisher: dest})
+	f, err := forwarder.New(forwarder.Config{DB: pgxv5.WrapPool(b.pool), Dialect: b.millbox, Destination: dest})
 	if err != nil {
 		return 0, err
 	}

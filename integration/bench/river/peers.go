@@ -317,8 +317,10 @@ func drainMillboxToKafka(ctx context.Context, b *bench, k *testenv.Kafka, round 
 	}
 	defer t.close()
 	f, err := forwarder.New(forwarder.Config{
-		DB: pgxv5.WrapPool(b.pool), Dialect: b.millbox, Publisher: t.pub,
-		Topic: func(string, *message.Message) (string, error) { return t.topic, nil },
+		DB:          pgxv5.WrapPool(b.pool),
+		Dialect:     b.millbox,
+		Destination: t.pub,
+		Topic:       func(string, *message.Message) (string, error) { return t.topic, nil },
 	})
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millbox/millbox/sqladapters"
@@ -25,15 +26,20 @@ import (
 )
 
 // dsnForms lists the accepted --dsn forms, for help and errors.
-const dsnForms = `  postgres://user:password@host:5432/db?sslmode=disable   PostgreSQL (also postgresql://, or host=... dbname=...)
+const dsnForms = `  postgres://user:password@host:5432/db?sslmode=disable   PostgreSQL (also postgresql://)
+  host=db user=app password=secret dbname=app               PostgreSQL (libpq keyword=value, any keyword first)
   mysql://user:password@tcp(host:3306)/db                  MySQL or MariaDB (also mysql://user:password@host:3306/db)
   user:password@tcp(host:3306)/db                          MySQL or MariaDB (a go-sql-driver/mysql DSN)
   sqlite:///var/lib/app/app.db or sqlite://app.db          SQLite file (also file:app.db)`
 
-// pgKeywordValue matches libpq's keyword/value form: host=db user=app ...
-var pgKeywordValue = regexp.MustCompile(`^\s*(host|hostaddr|dbname|user|port|sslmode|service)\s*=`)
+// pgKeywordValue matches libpq's keyword/value form: a keyword, then =.
+var pgKeywordValue = regexp.MustCompile(`^\s*[A-Za-z_][A-Za-z0-9_]*\s*=`)
 
-// errBadDSN marks a --dsn that is missing or not understood.
+// urlScheme matches the scheme of a URL.
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
+// errBadDSN marks a --dsn that is missing or not understood. Its message
+// never holds the DSN, which may hold a password.
 var errBadDSN = errors.New("bad --dsn")
 
 // target is a parsed --dsn: which database, and how to reach it.
@@ -45,19 +51,22 @@ type target struct {
 	where string // the server or file, without credentials, for messages
 }
 
-// parseDSN recognizes the database from the form of dsn.
+// parseDSN recognizes the database from the form of dsn and parses it
+// with the driver's own parser: pgx for PostgreSQL URLs and every libpq
+// keyword/value list, go-sql-driver/mysql for MySQL DSNs. Its errors
+// never repeat dsn.
 func parseDSN(dsn string) (target, error) {
 	bad := func(format string, args ...any) (target, error) {
 		return target{}, fmt.Errorf("%w: %s\naccepted forms:\n%s", errBadDSN, fmt.Sprintf(format, args...), dsnForms)
 	}
 	lower := strings.ToLower(dsn)
 	switch {
-	case dsn == "":
+	case strings.TrimSpace(dsn) == "":
 		return bad("no database given: pass --dsn or set MILLBOX_DSN")
 	case strings.HasPrefix(lower, "postgres://"), strings.HasPrefix(lower, "postgresql://"), pgKeywordValue.MatchString(dsn):
 		cfg, err := pgxpool.ParseConfig(dsn)
 		if err != nil {
-			return bad("PostgreSQL URL: %v", redactErr(err, dsn))
+			return bad("not a PostgreSQL connection string pgx can read: %s", pgParseProblem(err))
 		}
 		cfg.MaxConns = 4
 		where := net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port)) + "/" + cfg.ConnConfig.Database
@@ -79,18 +88,34 @@ func parseDSN(dsn string) (target, error) {
 		return sqliteTarget(dsn[len("sqlite://"):])
 	case strings.HasPrefix(lower, "file:"):
 		return sqliteTarget(dsn[len("file:"):])
+	case urlScheme.MatchString(dsn):
+		return bad("unknown scheme %s", urlScheme.FindString(dsn))
+	case strings.Contains(dsn, "://"):
+		return bad("not a URL of a known database")
 	}
-	if strings.Contains(dsn, "://") {
-		return bad("unknown scheme in %q", dsn[:strings.Index(dsn, "://")+3])
+	cfg, err := mysqldrv.ParseDSN(dsn)
+	if err != nil {
+		return bad("cannot tell the database: not a URL, not a libpq keyword=value list, and not a MySQL DSN (%v)", err)
 	}
-	if strings.Contains(dsn, "@") || strings.Contains(dsn, "(") {
-		cfg, err := mysqldrv.ParseDSN(dsn)
-		if err != nil {
-			return bad("MySQL DSN: %v", err)
-		}
-		return mysqlTarget(cfg), nil
+	return mysqlTarget(cfg), nil
+}
+
+// pgParseProblem is what pgx found wrong, without the connection string:
+// pgx's message names it with the password masked at best, and the error
+// of Go's URL parser names it whole.
+func pgParseProblem(err error) string {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return "unreadable"
 	}
-	return bad("cannot tell the database from %q", dsn)
+	blank := *pe
+	blank.ConnString = ""
+	msg := strings.TrimPrefix(blank.Error(), "cannot parse ``: ")
+	var ue *url.Error
+	if errors.As(pe, &ue) {
+		msg = strings.Replace(msg, ue.Error(), ue.Err.Error(), 1)
+	}
+	return msg
 }
 
 // mysqlURL reads mysql://user:password@host:port/db?params.
@@ -115,7 +140,7 @@ func mysqlURL(dsn string) (*mysqldrv.Config, error) {
 		// Let the driver read the parameters as it reads them in a DSN.
 		parsed, err := mysqldrv.ParseDSN(cfg.FormatDSN() + "?" + q)
 		if err != nil {
-			return nil, err
+			return nil, errors.New("the URL's parameters are not those of a go-sql-driver/mysql DSN")
 		}
 		cfg = parsed
 	}
@@ -138,17 +163,6 @@ func sqliteTarget(path string) (target, error) {
 		return target{}, fmt.Errorf("%w: SQLite needs a database file path\naccepted forms:\n%s", errBadDSN, dsnForms)
 	}
 	return target{kind: "sqlite", path: path, where: path}, nil
-}
-
-// redactErr keeps a password in dsn out of an error message.
-func redactErr(err error, dsn string) string {
-	msg := err.Error()
-	if u, perr := url.Parse(dsn); perr == nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
-	}
-	return msg
 }
 
 // tableFlags are the --schema and table-name flags, and the layout
@@ -192,10 +206,10 @@ type conn struct {
 // errUnreachable marks a database that could not be reached.
 var errUnreachable = errors.New("cannot reach the database")
 
-// open connects to t and checks the connection within timeout. create says
-// whether a missing SQLite file may be created.
-func open(ctx context.Context, t target, timeout time.Duration, create bool) (*conn, error) {
-	pctx, cancel := context.WithTimeout(ctx, timeout)
+// open connects to t and checks the connection within the connect
+// timeout. create says whether a missing SQLite file may be created.
+func (c *common) open(ctx context.Context, t target, create bool) (*conn, error) {
+	pctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	switch t.kind {
 	case "postgres":
@@ -226,7 +240,7 @@ func open(ctx context.Context, t target, timeout time.Duration, create bool) (*c
 	case "sqlite":
 		if !create {
 			if _, err := os.Stat(t.path); err != nil {
-				return nil, fmt.Errorf("%w: SQLite file %s: %v (create it and the tables with `millbox migrate up`)", errUnreachable, t.path, err)
+				return nil, fmt.Errorf("%w: SQLite file %s: %v (create it and the tables with: %s)", errUnreachable, t.path, err, c.hint("migrate up"))
 			}
 		}
 		db, err := modernc.Open(t.path, modernc.Config{})

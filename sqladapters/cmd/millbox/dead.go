@@ -112,23 +112,23 @@ func deadCmd(ctx context.Context, e env, args []string) error {
 }
 
 func deadList(ctx context.Context, e env, f *deadFlags) error {
-	o, closeDB, err := f.openOps(ctx, e)
+	if f.groupByError && f.after != 0 {
+		return usagef("--after does not apply to --group-by-error")
+	}
+	s, err := f.connect(ctx, e, false)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer s.close()
 	if f.groupByError {
-		if f.after != 0 {
-			return usagef("--after does not apply to --group-by-error")
-		}
-		groups, err := o.GroupDeadLetters(ctx, f.filter, f.limit)
+		groups, err := s.o.GroupDeadLetters(ctx, f.filter, f.limit)
 		if err != nil {
-			return err
+			return s.explain(ctx, err)
 		}
 		if f.asJSON {
 			out := []jsonGroup{}
 			for _, g := range groups {
-				out = append(out, jsonGroup{g.Error, g.Count, g.SampleID, g.FirstDeadAge.Seconds(), g.LastDeadAge.Seconds()})
+				out = append(out, jsonGroup{g.Fingerprint.String(), g.Error, g.Count, g.SampleID, g.FirstDeadAge.Seconds(), g.LastDeadAge.Seconds()})
 			}
 			return writeJSON(e, out)
 		}
@@ -143,7 +143,11 @@ func deadList(ctx context.Context, e env, f *deadFlags) error {
 			if g.Count > 1 {
 				died = age(g.FirstDeadAge) + " to " + died
 			}
-			fmt.Fprintf(w, "%d\t%d\t%s\t%s\n", g.Count, g.SampleID, died, oneLine(g.Error, 100))
+			text := oneLine(g.Error, 100)
+			if g.Fingerprint.IsZero() {
+				text = "(errors recorded without a fingerprint, such as " + oneLine(g.Error, 60) + ")"
+			}
+			fmt.Fprintf(w, "%d\t%d\t%s\t%s\n", g.Count, g.SampleID, died, text)
 		}
 		w.Flush()
 		if len(groups) == f.limit {
@@ -151,9 +155,13 @@ func deadList(ctx context.Context, e env, f *deadFlags) error {
 		}
 		return nil
 	}
-	dls, err := o.ListDeadLetters(ctx, f.filter, f.after, f.limit)
+	q := ops.ListQuery{Filter: f.filter, AfterID: f.after, Limit: f.limit, Payloads: f.asJSON}
+	if !f.asJSON {
+		q.ErrorChars = 200 // the table shows 80
+	}
+	dls, err := s.o.ListDeadLetters(ctx, q)
 	if err != nil {
-		return err
+		return s.explain(ctx, err)
 	}
 	if f.asJSON {
 		out := []jsonDeadLetter{}
@@ -180,14 +188,14 @@ func deadList(ctx context.Context, e env, f *deadFlags) error {
 }
 
 func deadShow(ctx context.Context, e env, f *deadFlags, id int64) error {
-	o, closeDB, err := f.openOps(ctx, e)
+	s, err := f.connect(ctx, e, false)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
-	dl, err := o.ShowDeadLetter(ctx, id)
+	defer s.close()
+	dl, err := s.o.ShowDeadLetter(ctx, id)
 	if err != nil {
-		return err
+		return s.explain(ctx, err)
 	}
 	if f.asJSON {
 		return writeJSON(e, deadLetterJSON(dl))
@@ -195,26 +203,26 @@ func deadShow(ctx context.Context, e env, f *deadFlags, id int64) error {
 	now := time.Now()
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 1, ' ', 0)
 	fmt.Fprintf(w, "Dead letter %d\n", dl.ID)
-	fmt.Fprintf(w, "  topic:\t%s\n", dl.Topic)
-	fmt.Fprintf(w, "  uuid:\t%s\n", dl.UUID)
-	fmt.Fprintf(w, "  key:\t%s\n", dl.Key)
+	fmt.Fprintf(w, "  topic:\t%s\n", ops.EscapeControls(dl.Topic, false))
+	fmt.Fprintf(w, "  uuid:\t%s\n", ops.EscapeControls(dl.UUID, false))
+	fmt.Fprintf(w, "  key:\t%s\n", ops.EscapeControls(dl.Key, false))
 	fmt.Fprintf(w, "  attempts:\t%d\n", dl.Attempts)
 	fmt.Fprintf(w, "  created:\t%s (%s ago)\n", dl.CreatedAt.UTC().Format(time.RFC3339), age(now.Sub(dl.CreatedAt)))
 	fmt.Fprintf(w, "  died:\t%s (%s ago)\n", dl.DeadAt.UTC().Format(time.RFC3339), age(now.Sub(dl.DeadAt)))
 	w.Flush()
-	fmt.Fprintf(e.stdout, "  last error:\n%s\n", indent(dl.LastError))
+	fmt.Fprintf(e.stdout, "  last error:\n%s\n", indent(ops.EscapeControls(dl.LastError, true)))
 	var meta bytes.Buffer
 	if json.Indent(&meta, dl.Metadata, "", "  ") != nil {
 		meta.Reset()
 		meta.Write(dl.Metadata)
 	}
-	fmt.Fprintf(e.stdout, "  metadata:\n%s\n", indent(meta.String()))
+	fmt.Fprintf(e.stdout, "  metadata:\n%s\n", indent(ops.EscapeControls(meta.String(), true)))
 	if utf8.Valid(dl.Payload) {
-		fmt.Fprintf(e.stdout, "  payload (%d bytes):\n%s\n", len(dl.Payload), indent(string(dl.Payload)))
+		fmt.Fprintf(e.stdout, "  payload (%d bytes):\n%s\n", len(dl.Payload), indent(ops.EscapeControls(string(dl.Payload), true)))
 	} else {
 		fmt.Fprintf(e.stdout, "  payload (%d bytes, binary):\n%s\n", len(dl.Payload), indent(hex.Dump(dl.Payload)))
 	}
-	fmt.Fprintf(e.stdout, "\nSend it again with: millbox dead requeue %d\n", dl.ID)
+	fmt.Fprintf(e.stdout, "\nSend it again with: %s\n", f.hint(fmt.Sprint("dead requeue ", dl.ID)))
 	return nil
 }
 
@@ -224,14 +232,14 @@ func deadChange(ctx context.Context, e env, f *deadFlags, sub string) error {
 	if sub == "discard" {
 		verb, done = "discard", "discarded"
 	}
-	o, closeDB, err := f.openOps(ctx, e)
+	s, err := f.connect(ctx, e, false)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
-	n, err := o.CountDeadLetters(ctx, f.filter)
+	defer s.close()
+	n, err := s.o.CountDeadLetters(ctx, f.filter)
 	if err != nil {
-		return err
+		return s.explain(ctx, err)
 	}
 	if f.dryRun {
 		fmt.Fprintf(e.stdout, "would %s %s (dry run: nothing changed)\n", verb, count(n, "dead letter"))
@@ -248,7 +256,7 @@ func deadChange(ctx context.Context, e env, f *deadFlags, sub string) error {
 		if f.filter.IsZero() {
 			what = "(every dead letter)"
 		}
-		return usagef("refusing to %s %s %s without --yes; check them with 'millbox dead list' (or --dry-run) and add --yes to go ahead", verb, count(n, "dead letter"), what)
+		return usagef("refusing to %s %s %s without --yes; check them with: %s (or add --dry-run), and add --yes to go ahead", verb, count(n, "dead letter"), what, f.hint("dead list"+filterFlags(f.filter)))
 	}
 	opts := ops.ChangeOptions{BatchSize: f.batch}
 	if n > int64(f.batch) {
@@ -258,18 +266,19 @@ func deadChange(ctx context.Context, e env, f *deadFlags, sub string) error {
 	}
 	var changed int64
 	if sub == "discard" {
-		changed, err = o.Discard(ctx, f.filter, opts)
+		changed, err = s.o.Discard(ctx, f.filter, opts)
 	} else {
-		changed, err = o.Requeue(ctx, f.filter, opts)
+		changed, err = s.o.Requeue(ctx, f.filter, opts)
 	}
 	if err != nil {
-		return fmt.Errorf("%w (%s %s before the error)", err, done, count(changed, "dead letter"))
+		return fmt.Errorf("%w (%s %s before the error)", s.explain(ctx, err), done, count(changed, "dead letter"))
 	}
 	fmt.Fprintf(e.stdout, "%s %s\n", done, count(changed, "dead letter"))
 	return nil
 }
 
 type jsonGroup struct {
+	Fingerprint         string  `json:"fingerprint"`
 	Error               string  `json:"error"`
 	Count               int64   `json:"count"`
 	SampleID            int64   `json:"sample_id"`
@@ -310,12 +319,14 @@ func deadLetterJSON(dl sqladapters.DeadLetter) jsonDeadLetter {
 	return j
 }
 
-// oneLine shortens s to its first line and at most n runes.
+// oneLine renders a text from the database for one cell of a table: its
+// first line, control characters escaped, at most n runes.
 func oneLine(s string, n int) string {
+	more := ""
 	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
-		s = s[:i] + " …"
+		s, more = s[:i], " …"
 	}
-	s = strings.ReplaceAll(s, "\t", " ")
+	s = ops.EscapeControls(strings.ReplaceAll(s, "\t", " "), false) + more
 	if utf8.RuneCountInString(s) > n {
 		r := []rune(s)
 		s = string(r[:n-1]) + "…"
@@ -324,6 +335,20 @@ func oneLine(s string, n int) string {
 		return "-"
 	}
 	return s
+}
+
+// filterFlags renders the filter flags of f, for a hint.
+func filterFlags(f ops.Filter) string {
+	var b strings.Builder
+	for _, fl := range []struct{ name, value string }{
+		{"topic", f.Topic}, {"key", f.Key}, {"error", f.ErrorContains},
+		{"older-than", ageFlag{&f.OlderThan}.String()}, {"newer-than", ageFlag{&f.NewerThan}.String()},
+	} {
+		if fl.value != "" {
+			b.WriteString(" --" + fl.name + " " + shellQuote(fl.value))
+		}
+	}
+	return b.String()
 }
 
 func indent(s string) string {

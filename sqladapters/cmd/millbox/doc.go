@@ -3,23 +3,66 @@
 // discards dead letters, and prunes forwarded rows and old inbox records,
 // on PostgreSQL, MySQL/MariaDB and SQLite.
 //
-// Install it, or run it from any module:
+// From a clone of the repository, run it or build it:
+//
+//	go run ./sqladapters/cmd/millbox help
+//	go build -o bin/millbox ./sqladapters/cmd/millbox
+//
+// For a released version, install it, run it from any module, or pin it
+// as a tool of your module:
 //
 //	go install github.com/millbox/millbox/sqladapters/cmd/millbox@latest
 //	go run github.com/millbox/millbox/sqladapters/cmd/millbox@latest help
+//	go get -tool github.com/millbox/millbox/sqladapters/cmd/millbox@latest   # then: go tool millbox status
 //
 // The database is chosen by the form of --dsn (or MILLBOX_DSN):
+// postgres:// or a libpq keyword=value list, mysql:// or a
+// go-sql-driver/mysql DSN, sqlite://path.
 //
 //	export MILLBOX_DSN='postgres://app@db:5432/app?sslmode=disable'
-//	millbox migrate up
-//	millbox status
+//	millbox migrate up                          # idempotent, safe from many processes
+//	millbox status                              # pending per topic, oldest age, dead letters, partition owners
+//	millbox status --json | jq .pending
 //	millbox dead list --group-by-error
 //	millbox dead show 1234
+//	millbox dead requeue --error 'connection refused' --dry-run
 //	millbox dead requeue --error 'connection refused' --yes
 //	millbox prune --forwarded-older-than 7d --inbox-older-than 30d
+//	millbox migrate up --partitioned            # PostgreSQL: the time-partitioned outbox
+//	millbox partitions list                     # its partitions, rows and what blocks a drop
 //
 // For teams that run schema changes with their own tool, `millbox migrate
-// sql` prints the complete SQL (CREATE SCHEMA included) without connecting.
+// sql --db postgres` prints the complete SQL (CREATE SCHEMA included)
+// without connecting.
+//
+// Errors name the schema (or MySQL database, or SQLite file) the command
+// looked in, and every hint it prints (the next command to run) repeats
+// the connection flags given (--dsn, --schema, --outbox-table,
+// --inbox-table, --connect-timeout), so that pasted as shown it works on
+// the same tables.
+//
+// # Changes are safe next to running forwarders
+//
+// dead requeue with a filter and dead discard are refused without --yes
+// (exit status 2); --dry-run counts what they, and prune, would change.
+// Requeue only makes dead rows pending again (a requeued row's age counts
+// from its requeue); prune works in bounded batches and never touches
+// pending or dead rows. The same operations are a Go API in package
+// sqladapters/ops, and a page to mount in an application in
+// sqladapters/admin.
+//
+// # Security
+//
+// The DSN is read by the drivers' own parsers (pgx for PostgreSQL URLs and
+// every libpq keyword=value list, go-sql-driver/mysql for MySQL) and never
+// printed with its password: hints show it masked, and errors never repeat
+// it. Prefer MILLBOX_DSN (or a libpq passfile or service) to a password on
+// the command line, where other users of the machine may see it. Topics,
+// keys, errors and payloads come from whoever published or failed the
+// messages: text output shows their control characters as escapes (\x1b,
+// \u202e), so that a dead letter cannot drive the terminal; --json output
+// escapes them as JSON does. The command can requeue and discard: give the
+// role of its DSN to operators only.
 //
 // Run `millbox help` for every command and flag. Exit status: 0 on
 // success, 1 when an operation failed, 2 for a usage error or a change

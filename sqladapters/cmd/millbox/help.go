@@ -31,7 +31,9 @@ The database is chosen by the form of --dsn, or of $MILLBOX_DSN:
 ` + dsnForms + `
 
 The table flags (--schema, --outbox-table, --inbox-table) must match the options your
-application gives the dialect (postgres.Options, mysql.Options, sqlite.Options).
+application gives the dialect (postgres.Options, mysql.Options, sqlite.Options). Errors
+name the schema looked in, and hints repeat the flags you gave, the DSN's password masked.
+Text output shows control characters from the database as escapes (\x1b).
 
 Examples:
   export MILLBOX_DSN='postgres://app@localhost:5432/app?sslmode=disable'
@@ -89,7 +91,8 @@ const statusUsage = `Usage:
 Shows, per topic, the pending rows (rows waiting for a retry included), how many of
 them are retrying, the age of the oldest pending row, the dead letters and the
 forwarded rows kept for audit; then inbox records per consumer, and which forwarder
-instance holds which partitions. Ages are measured by the database's clock.
+instance holds which partitions. Ages are measured by the database's clock; a requeued
+dead letter waits from its requeue (its created time stays the message's).
 
 --json prints one object with the fields pending, retrying, oldest_pending_age_seconds,
 dead_letters, forwarded_kept, inbox_records, oldest_inbox_age_seconds, topics,
@@ -107,7 +110,8 @@ const deadUsage = `Usage:
   millbox dead discard [ID...] [filters] [--dry-run] [--yes] [--batch N]
 
 A dead letter is an outbox row that failed more often than the forwarder's MaxAttempts.
-It stays in the outbox with its last error until it is requeued or discarded.
+It moves to the dead letters' table (the outbox's name with _dead) with its last error,
+under its id, and stays there until it is requeued or discarded.
 
 Filters (all must match):
   --topic T          exact topic
@@ -117,8 +121,8 @@ Filters (all must match):
   --newer-than D     died within the last D
   ID...              these ids (requeue, discard)
 
-requeue makes the rows pending again with zero attempts; the forwarder sends them as
-soon as it reads them. Requeue of the ids you name runs at once; requeue by a filter,
+requeue moves the rows back into the outbox, pending with zero attempts; the forwarder
+sends them as soon as it reads them. Requeue of the ids you name runs at once; requeue by a filter,
 or of every dead letter, needs --yes. discard deletes rows for good and always needs
 --yes. --dry-run counts what would change and changes nothing.
 
@@ -135,8 +139,8 @@ Examples:
 const pruneUsage = `Usage:
   millbox prune [--forwarded-older-than D] [--inbox-older-than D] [--batch N] [--dry-run]
 
-Deletes forwarded rows kept for audit (forwarder Config.KeepForwarded) published longer
-ago than --forwarded-older-than, and inbox records received longer ago than
+Deletes forwarded rows kept for audit (forwarder Config.KeepForwarded, in the table named
+after the outbox with _kept) published longer ago than --forwarded-older-than, and inbox records received longer ago than
 --inbox-older-than, in batches of --batch rows, each its own short statement. Progress
 goes to stderr. It never touches pending or dead rows, so it is safe while forwarders
 and consumers run.

@@ -54,9 +54,13 @@ type common struct {
 	dsn     string
 	tables  tableFlags
 	timeout time.Duration
+	// fs is the command's flag set, which hints read the flags given
+	// from.
+	fs *flag.FlagSet
 }
 
 func (c *common) register(fs *flag.FlagSet) {
+	c.fs = fs
 	fs.StringVar(&c.dsn, "dsn", "", "database URL or DSN (default $MILLBOX_DSN); the form chooses the database, see 'millbox help'")
 	fs.StringVar(&c.tables.schema, "schema", "", "Postgres schema or MySQL database holding the tables (default: the connection's)")
 	fs.StringVar(&c.tables.outbox, "outbox-table", "", "outbox table name (default millbox_outbox); its _leases, _members and _migrations tables follow it")
@@ -65,29 +69,32 @@ func (c *common) register(fs *flag.FlagSet) {
 }
 
 // run is the whole command: it parses args, runs one command and returns
-// the exit status.
+// the exit status. Nothing it writes to stderr holds a password of a DSN
+// it was given.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var hidden []string
+	for _, dsn := range dsnsIn(args, os.Getenv) {
+		hidden = append(hidden, secrets(dsn)...)
+	}
+	stderr = redactingWriter{w: stderr, secrets: hidden}
 	e := env{stdout: stdout, stderr: stderr, getenv: os.Getenv}
 	err := dispatch(ctx, e, args)
-	var ue usageError
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, flag.ErrHelp):
 		return exitOK
-	case errors.Is(err, flag.ErrHelp):
-		return exitOK
-	case errors.As(err, &ue):
-		fmt.Fprintln(stderr, "millbox:", ue.msg)
-		return exitUsage
-	case errors.Is(err, errBadDSN):
-		fmt.Fprintln(stderr, "millbox:", err)
-		return exitUsage
-	case errors.Is(err, sqladapters.ErrMissingTable):
-		fmt.Fprintf(stderr, "millbox: the millbox tables are missing: run `millbox migrate up` with the same --dsn and table flags, or apply the output of `millbox migrate sql` with your migration tool\n(%v)\n", err)
-		return exitError
-	default:
-		fmt.Fprintln(stderr, "millbox:", err)
-		return exitError
 	}
+	fmt.Fprintln(stderr, "millbox: "+errorText(err))
+	var ue usageError
+	if errors.As(err, &ue) || errors.Is(err, errBadDSN) {
+		return exitUsage
+	}
+	return exitError
+}
+
+// errorText is err's text with the "millbox: " of the errors it wraps left
+// out: run writes the prefix once.
+func errorText(err error) string {
+	return strings.ReplaceAll(err.Error(), "millbox: ", "")
 }
 
 func dispatch(ctx context.Context, e env, args []string) error {
@@ -172,16 +179,21 @@ func newFlagSet(e env, name, usage string) *flag.FlagSet {
 }
 
 // connect parses the DSN, builds the dialect and opens the database.
-func (c *common) connect(ctx context.Context, e env, create bool) (*conn, sqladapters.Dialect, error) {
+func (c *common) connect(ctx context.Context, e env, create bool) (*session, error) {
 	t, d, err := c.target(e)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	cn, err := open(ctx, t, c.timeout, create)
+	cn, err := c.open(ctx, t, create)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return cn, d, nil
+	o, err := ops.New(cn.db, d)
+	if err != nil {
+		cn.close()
+		return nil, err
+	}
+	return &session{common: c, conn: cn, t: t, d: d, o: o}, nil
 }
 
 // target parses the DSN and builds the dialect without connecting.
@@ -201,19 +213,60 @@ func (c *common) target(e env) (target, sqladapters.Dialect, error) {
 	return t, d, nil
 }
 
-// openOps connects and returns the operations API.
-func (c *common) openOps(ctx context.Context, e env) (*ops.Ops, func(), error) {
-	cn, d, err := c.connect(ctx, e, false)
-	if err != nil {
-		return nil, nil, err
-	}
-	o, err := ops.New(cn.db, d)
-	if err != nil {
-		cn.close()
-		return nil, nil, err
-	}
-	return o, cn.close, nil
+// session is a command's open database.
+type session struct {
+	*common
+	*conn
+	t target
+	d sqladapters.Dialect
+	o *ops.Ops
 }
+
+// schema returns the schema (or database, or file) the tables are looked
+// for in, as messages name it: `schema "app" of postgres at db:5432/app`.
+func (s *session) schema(ctx context.Context) string {
+	word := map[string]string{"postgres": "schema", "mysql": "database"}[s.t.kind]
+	if s.t.kind == "sqlite" {
+		return "sqlite file " + s.t.where
+	}
+	name, err := s.d.CurrentSchema(ctx, s.db)
+	switch {
+	case err != nil:
+		name = "(unknown: " + err.Error() + ")"
+	case name == "" && s.t.kind == "postgres":
+		name = "(none of the connection's search_path exists)"
+	case name == "":
+		name = "(none: the DSN names no database)"
+	default:
+		name = strconv.Quote(name)
+	}
+	return word + " " + name + " of " + s.t.kind + " at " + s.t.where
+}
+
+// explain turns the errors a user can act on into what to do: missing
+// tables say where they were looked for and how to create them, a missing
+// dead letter where it was looked for.
+func (s *session) explain(ctx context.Context, err error) error {
+	var mt *sqladapters.MissingTableError
+	switch {
+	case errors.As(err, &mt):
+		return &tablesMissingError{err: err, msg: fmt.Sprintf("the millbox tables are missing in %s (looked for %s)\n"+
+			"create them with: %s\nor apply the output of: %s\n(%v)",
+			s.schema(ctx), tableName(s.d.OutboxTable()), s.hint("migrate up"), s.hint("migrate sql"), mt.Err)}
+	case errors.Is(err, ops.ErrNotFound):
+		return fmt.Errorf("%w in %s", err, s.schema(ctx))
+	}
+	return err
+}
+
+// tablesMissingError reports missing tables with what to do about them.
+type tablesMissingError struct {
+	msg string
+	err error
+}
+
+func (e *tablesMissingError) Error() string { return e.msg }
+func (e *tablesMissingError) Unwrap() error { return e.err }
 
 func version(e env, args []string) error {
 	if len(args) > 0 {

@@ -16,15 +16,16 @@ const partitionsUsage = `Usage:
 
 PostgreSQL only, for an outbox created with the time-partitioned layout
 (postgres.Options.Partitioned): one partition per interval of creation time, and a
-default partition for rows whose time has none.
+default partition for rows whose time has none. The table of forwarded rows kept for
+audit is partitioned alike, and each range's two partitions come and go together.
 
-'list' shows each partition with its range, estimated rows, size, and its pending rows
-and dead letters.
+'list' shows each partition with its range, its estimated rows and kept rows, the size
+of both, and its pending rows.
 
 'maintain' creates the partition of the current interval and the --ahead following
-ones, and drops the partitions whose range ended more than --retain ago, unless they
-hold pending rows or dead letters (it lists those; forward, requeue or discard their
-rows and they go at a later run). Forwarders do this on their own every
+ones, and drops the partitions whose range ended more than --retain ago, with their
+kept rows, unless they hold pending rows (it lists those; they go at a later run once
+forwarded). Forwarders do this on their own every
 PartitionOptions.MaintainEvery; run it here when that is turned off, from cron for
 instance. It is idempotent and safe next to running forwarders: when another process
 is maintaining, it says so and changes nothing. Times are the database's.
@@ -73,7 +74,7 @@ func partitionsCmd(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	cn, err := open(ctx, t, c.timeout, false)
+	cn, err := c.open(ctx, t, false)
 	if err != nil {
 		return err
 	}
@@ -111,9 +112,9 @@ type jsonOutboxPartition struct {
 	From          *time.Time `json:"from,omitempty"`
 	To            *time.Time `json:"to,omitempty"`
 	EstimatedRows int64      `json:"estimated_rows"`
+	KeptRows      int64      `json:"kept_estimated_rows"`
 	Bytes         int64      `json:"bytes"`
 	Pending       int64      `json:"pending"`
-	Dead          int64      `json:"dead_letters"`
 }
 
 func partitionJSON(p postgres.Partition) jsonOutboxPartition {
@@ -129,7 +130,7 @@ func printPartitions(e env, parts []postgres.PartitionInfo, asJSON bool) error {
 		out := make([]jsonOutboxPartition, 0, len(parts))
 		for _, p := range parts {
 			j := partitionJSON(p.Partition)
-			j.EstimatedRows, j.Bytes, j.Pending, j.Dead = p.EstimatedRows, p.Bytes, p.Pending, p.Dead
+			j.EstimatedRows, j.KeptRows, j.Bytes, j.Pending = p.EstimatedRows, p.KeptEstimatedRows, p.Bytes, p.Pending
 			out = append(out, j)
 		}
 		enc := json.NewEncoder(e.stdout)
@@ -137,14 +138,16 @@ func printPartitions(e env, parts []postgres.PartitionInfo, asJSON bool) error {
 		return enc.Encode(out)
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "PARTITION\tFROM (UTC)\tTO (UTC)\tROWS (EST.)\tSIZE\tPENDING\tDEAD")
-	for _, p := range parts {
-		rows := "?"
-		if p.EstimatedRows >= 0 {
-			rows = fmt.Sprint(p.EstimatedRows)
+	fmt.Fprintln(w, "PARTITION\tFROM (UTC)\tTO (UTC)\tROWS (EST.)\tKEPT (EST.)\tSIZE\tPENDING")
+	estimate := func(n int64) string {
+		if n < 0 {
+			return "?"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", p.Name, bound(p.Partition, p.From), bound(p.Partition, p.To),
-			rows, bytesText(p.Bytes), p.Pending, p.Dead)
+		return fmt.Sprint(n)
+	}
+	for _, p := range parts {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", p.Name, bound(p.Partition, p.From), bound(p.Partition, p.To),
+			estimate(p.EstimatedRows), estimate(p.KeptEstimatedRows), bytesText(p.Bytes), p.Pending)
 	}
 	return w.Flush()
 }
@@ -193,7 +196,7 @@ func printMaintenance(e env, rep postgres.MaintenanceReport, asJSON bool) error 
 		}
 		for _, k := range rep.Kept {
 			pj := partitionJSON(k.Partition)
-			pj.Pending, pj.Dead = k.Pending, k.Dead
+			pj.Pending = k.Pending
 			j.Kept = append(j.Kept, pj)
 		}
 		for _, p := range rep.Blocked {
@@ -217,8 +220,7 @@ func printMaintenance(e env, rep postgres.MaintenanceReport, asJSON bool) error 
 		fmt.Fprintln(e.stdout, "dropped", span(p))
 	}
 	for _, k := range rep.Kept {
-		fmt.Fprintf(e.stdout, "kept    %s: past retention but holds %s and %s\n", span(k.Partition),
-			count(k.Pending, "pending row"), count(k.Dead, "dead letter"))
+		fmt.Fprintf(e.stdout, "kept    %s: past retention but holds %s\n", span(k.Partition), count(k.Pending, "pending row"))
 	}
 	for _, p := range rep.Blocked {
 		fmt.Fprintf(e.stdout, "blocked %s: the default partition holds rows of this range; they are forwarded from there\n", span(p))

@@ -31,15 +31,15 @@ func pruneCmd(ctx context.Context, e env, args []string) error {
 	if opts.BatchSize < 1 || opts.BatchSize > ops.MaxBatchSize {
 		return usagef("--batch must be between 1 and %d", ops.MaxBatchSize)
 	}
-	o, closeDB, err := c.openOps(ctx, e)
+	s, err := c.connect(ctx, e, false)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer s.close()
 	if *dryRun {
-		n, err := o.PruneCount(ctx, opts)
+		n, err := s.o.PruneCount(ctx, opts)
 		if err != nil {
-			return err
+			return s.explain(ctx, err)
 		}
 		if opts.ForwardedOlderThan > 0 {
 			fmt.Fprintf(e.stdout, "would delete %s\n", count(n.Forwarded, "forwarded row"))
@@ -51,9 +51,9 @@ func pruneCmd(ctx context.Context, e env, args []string) error {
 		return nil
 	}
 	opts.Progress = newProgress(e.stderr).report
-	res, err := o.Prune(ctx, opts)
+	res, err := s.o.Prune(ctx, opts)
 	if err != nil {
-		return fmt.Errorf("%w (deleted %d forwarded rows and %d inbox records before the error)", err, res.Forwarded, res.InboxRecords)
+		return fmt.Errorf("%w (deleted %d forwarded rows and %d inbox records before the error)", s.explain(ctx, err), res.Forwarded, res.InboxRecords)
 	}
 	if opts.ForwardedOlderThan > 0 {
 		fmt.Fprintf(e.stdout, "deleted %s\n", count(res.Forwarded, "forwarded row"))

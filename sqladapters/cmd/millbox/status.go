@@ -24,19 +24,19 @@ func statusCmd(ctx context.Context, e env, args []string) error {
 	if len(pos) > 0 {
 		return usagef("status takes no arguments, got %q", pos[0])
 	}
-	o, closeDB, err := c.openOps(ctx, e)
+	s, err := c.connect(ctx, e, false)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
-	st, err := o.Status(ctx)
+	defer s.close()
+	st, err := s.o.Status(ctx)
 	if err != nil {
-		return err
+		return s.explain(ctx, err)
 	}
 	if *asJSON {
-		return writeJSON(e, statusJSON(o, st))
+		return writeJSON(e, statusJSON(s.o, st))
 	}
-	printStatus(e, o, st)
+	printStatus(ctx, e, s, st)
 	return nil
 }
 
@@ -93,7 +93,7 @@ func statusJSON(o *ops.Ops, st ops.Status) jsonStatus {
 		Pending:                 st.Pending,
 		Retrying:                st.Retrying,
 		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(),
-		DeadLetters:             st.DeadLetters,
+		DeadLetters:             st.Dead,
 		ForwardedKept:           st.ForwardedKept,
 		InboxRecords:            st.InboxRecords,
 		OldestInboxAgeSeconds:   st.OldestInboxAge.Seconds(),
@@ -103,7 +103,7 @@ func statusJSON(o *ops.Ops, st ops.Status) jsonStatus {
 		Owners:                  []jsonOwner{},
 	}
 	for _, t := range st.Topics {
-		j.Topics = append(j.Topics, jsonTopic{t.Topic, t.Pending, t.Retrying, t.OldestPendingAge.Seconds(), t.DeadLetters, t.ForwardedKept})
+		j.Topics = append(j.Topics, jsonTopic{t.Topic, t.Pending, t.Retrying, t.OldestPendingAge.Seconds(), t.Dead, t.ForwardedKept})
 	}
 	for _, c := range st.Consumers {
 		j.Consumers = append(j.Consumers, jsonConsumer{c.Consumer, c.Records, c.OldestAge.Seconds()})
@@ -131,18 +131,18 @@ func age(d time.Duration) string {
 	return formatAge(d)
 }
 
-func printStatus(e env, o *ops.Ops, st ops.Status) {
-	d := o.Dialect()
+func printStatus(ctx context.Context, e env, s *session, st ops.Status) {
+	d := s.d
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "Outbox %s (%s)\n", unquote(d.OutboxTable()), d.Name())
+	fmt.Fprintf(w, "Outbox %s in %s\n", tableName(d.OutboxTable()), s.schema(ctx))
 	fmt.Fprintln(w, "TOPIC\tPENDING\tRETRYING\tOLDEST PENDING\tDEAD\tFORWARDED KEPT")
 	for _, t := range st.Topics {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\n", t.Topic, t.Pending, t.Retrying, age(t.OldestPendingAge), t.DeadLetters, t.ForwardedKept)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\n", oneLine(t.Topic, 60), t.Pending, t.Retrying, age(t.OldestPendingAge), t.Dead, t.ForwardedKept)
 	}
-	fmt.Fprintf(w, "(all)\t%d\t%d\t%s\t%d\t%d\n", st.Pending, st.Retrying, age(st.OldestPendingAge), st.DeadLetters, st.ForwardedKept)
+	fmt.Fprintf(w, "(all)\t%d\t%d\t%s\t%d\t%d\n", st.Pending, st.Retrying, age(st.OldestPendingAge), st.Dead, st.ForwardedKept)
 	w.Flush()
 
-	fmt.Fprintf(e.stdout, "\nInbox %s: %s", unquote(d.InboxTable()), count(st.InboxRecords, "record"))
+	fmt.Fprintf(e.stdout, "\nInbox %s: %s", tableName(d.InboxTable()), count(st.InboxRecords, "record"))
 	if st.InboxRecords > 0 {
 		fmt.Fprintf(e.stdout, ", oldest %s", age(st.OldestInboxAge))
 	}
@@ -150,7 +150,7 @@ func printStatus(e env, o *ops.Ops, st ops.Status) {
 	if len(st.Consumers) > 0 {
 		fmt.Fprintln(w, "CONSUMER\tRECORDS\tOLDEST")
 		for _, c := range st.Consumers {
-			fmt.Fprintf(w, "%s\t%d\t%s\n", c.Consumer, c.Records, age(c.OldestAge))
+			fmt.Fprintf(w, "%s\t%d\t%s\n", oneLine(c.Consumer, 60), c.Records, age(c.OldestAge))
 		}
 		w.Flush()
 	}
@@ -165,12 +165,12 @@ func printStatus(e env, o *ops.Ops, st ops.Status) {
 	if len(st.Owners) > 0 {
 		fmt.Fprintln(w, "INSTANCE\tPARTITIONS")
 		for _, ow := range st.Owners {
-			fmt.Fprintf(w, "%s\t%s\n", ow.Instance, ranges(ow.Partitions))
+			fmt.Fprintf(w, "%s\t%s\n", oneLine(ow.Instance, 60), ranges(ow.Partitions))
 		}
 		w.Flush()
 	}
-	if st.DeadLetters > 0 {
-		fmt.Fprintf(e.stdout, "\n%s: see them with 'millbox dead list --group-by-error'\n", count(st.DeadLetters, "dead letter"))
+	if st.Dead > 0 {
+		fmt.Fprintf(e.stdout, "\n%s: see them with: %s\n", count(st.Dead, "dead letter"), s.hint("dead list --group-by-error"))
 	}
 }
 
@@ -196,4 +196,11 @@ func ranges(v []int) string {
 // display: the names are plain identifiers.
 func unquote(name string) string {
 	return strings.NewReplacer(`"`, "", "`", "").Replace(name)
+}
+
+// tableName is a dialect's table name without its quotes and schema, for
+// messages that name the schema apart.
+func tableName(quoted string) string {
+	name := unquote(quoted)
+	return name[strings.LastIndexByte(name, '.')+1:]
 }

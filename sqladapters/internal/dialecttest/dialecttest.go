@@ -50,16 +50,7 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 		"SelectPendingOwned": d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Limit: 10}),
 		"SelectPendingNone":  d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 10}),
 		"SelectPendingExcl":  d.SelectPending(sqladapters.PendingQuery{Exclude: []int64{5, 6}, Limit: 10}),
-		"CompleteDelete":     d.CompleteForwarded([]int64{1, 2}, false),
-		"CompleteKeep":       d.CompleteForwarded([]int64{1, 2}, true),
-		"CompleteNone":       d.CompleteForwarded(nil, false),
-		"RecordFailure":      d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Backoff: time.Second}),
-		"RecordFailureDead":  d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Dead: true}),
-		"ListDeadLetters":    d.ListDeadLetters(0, 10),
-		"CountOutbox":        d.CountOutbox(),
-		"RequeueAll":         d.RequeueDeadLetters(nil),
-		"RequeueSome":        d.RequeueDeadLetters([]int64{1}),
-		"RequeueNone":        d.RequeueDeadLetters([]int64{}),
+		"OutboxStats":        d.OutboxStats(),
 		"CountPartitions":    d.CountPartitions(),
 		"Heartbeat":          d.Heartbeat("i", time.Second),
 		"CountMembers":       d.CountMembers(),
@@ -71,6 +62,18 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 		"ReleaseNone":        d.ReleasePartitions("i", nil),
 		"InsertInbox":        d.InsertInbox("c", "m"),
 		"DeleteInboxBefore":  d.DeleteInboxBefore(time.Now(), 10),
+	}
+	for name, steps := range map[string][]sqladapters.Query{
+		"CompleteDelete":     d.CompleteForwarded([]int64{1, 2}, false),
+		"CompleteKeep":       d.CompleteForwarded([]int64{1, 2}, true),
+		"CompleteNone":       d.CompleteForwarded(nil, false),
+		"RecordFailure":      d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Backoff: time.Second}),
+		"RecordFailureDead":  d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Dead: true}),
+		"RequeueDeadLetters": d.RequeueDeadLetters([]int64{1}),
+	} {
+		for i, q := range steps {
+			qs[fmt.Sprint(name, i)] = q
+		}
 	}
 	if s, ok := d.(sqlstore.PendingReadSetup); ok {
 		for i, q := range s.PendingReadSetup() {
@@ -88,6 +91,29 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 			qs[fmt.Sprintf("Migration%d.%d", m.Version, i)] = sqladapters.Query{SQL: s}
 		}
 	}
-	addOpsStatements(qs, d)
+	addOperations(qs, d)
 	return qs
+}
+
+// addOperations adds the statements of the operations verbs: with no
+// filter, and with every filter set.
+func addOperations(qs map[string]sqladapters.Query, d sqlstore.Builder) {
+	fp, none := sqladapters.FingerprintError("e"), sqladapters.ErrorFingerprint{}
+	all := sqladapters.DeadLetterFilter{IDs: []int64{1, 2}, Topic: "t", Key: "k", ErrorContains: "e", Fingerprint: &fp, OlderThan: time.Minute, NewerThan: time.Hour}
+	for suffix, f := range map[string]sqladapters.DeadLetterFilter{"": {}, "Filtered": all, "Unfingerprinted": {Fingerprint: &none}} {
+		qs["SelectDeadLetters"+suffix] = d.SelectDeadLetters(sqladapters.DeadLetterQuery{Filter: f, Limit: 10})
+		qs["SelectDeadLettersPayloads"+suffix] = d.SelectDeadLetters(sqladapters.DeadLetterQuery{Filter: f, AfterID: 3, Limit: 10, Payloads: true})
+		qs["SelectDeadLetterIDs"+suffix] = d.SelectDeadLetterIDs(f, 0, 10)
+		qs["CountDeadLetters"+suffix] = d.CountDeadLetters(f)
+		qs["GroupDeadLetters"+suffix] = d.GroupDeadLetters(f, 10)
+	}
+	now := time.Now()
+	qs["TopicStats"] = d.TopicStats()
+	qs["InboxStats"] = d.InboxStats()
+	qs["PartitionLeases"] = d.PartitionLeases()
+	qs["DeleteDeadLetters"] = d.DeleteDeadLetters([]int64{1, 2})
+	qs["CountForwardedBefore"] = d.CountForwardedBefore(now)
+	qs["SelectForwardedIDs"] = d.SelectForwardedIDs(now, 0, 10)
+	qs["DeleteForwarded"] = d.DeleteForwarded([]int64{1, 2})
+	qs["CountInboxBefore"] = d.CountInboxBefore(now)
 }

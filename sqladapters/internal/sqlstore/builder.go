@@ -7,8 +7,19 @@ import (
 )
 
 // Builder builds the SQL of one database for every millbox operation. It
-// never executes anything. A Builder also carries the validated table
+// never executes anything.
+//
+// Steps: a method that returns several statements moves rows between
+// tables. The store runs them in order in one transaction (under a
+// savepoint when it is given a transaction), and reports the rows the
+// first one changed. A database that moves rows in one statement returns
+// one. A Builder also carries the validated table
 // names, so one value describes one millbox installation.
+//
+// Ages and remaining lease times are computed by the database, in
+// microseconds, so the clock of the machine running the operation does not
+// matter; so are the ages of a DeadLetterFilter. Times passed in (the
+// prune cut-offs) are compared with the stored timestamps (UTC).
 type Builder interface {
 	// Name is a short name of the database, such as "postgres".
 	Name() string
@@ -26,6 +37,12 @@ type Builder interface {
 	// NotifyChannel is the channel the outbox insert notifies on commit,
 	// or "" when it does not.
 	NotifyChannel() string
+
+	// Schema returns the schema (PostgreSQL) or database (MySQL) the
+	// table names are qualified with, "" when they are not, and the
+	// statement that selects the connection's current one then (one text
+	// column; a zero Query where the database has none, SQLite).
+	Schema() (name string, current sqladapters.Query)
 
 	// Migrations lists every migration in version order.
 	Migrations() []sqladapters.Migration
@@ -51,21 +68,22 @@ type Builder interface {
 	// q.Exclude. A row whose key has an earlier row waiting for a retry is
 	// not returned.
 	SelectPending(q sqladapters.PendingQuery) sqladapters.Query
-	// CompleteForwarded removes published rows, or marks them published
-	// when keep is true.
-	CompleteForwarded(ids []int64, keep bool) sqladapters.Query
-	// RecordFailure stores a failed attempt.
-	RecordFailure(f sqladapters.Failure) sqladapters.Query
-	// ListDeadLetters returns columns id, topic, uuid, payload, metadata,
-	// key, attempts, last_error, created_at, dead_at of dead rows with
-	// id > afterID, in id order.
-	ListDeadLetters(afterID int64, limit int) sqladapters.Query
-	// CountOutbox selects two int columns: pending rows (including rows
-	// waiting for a retry) and dead rows.
-	CountOutbox() sqladapters.Query
-	// RequeueDeadLetters makes dead rows pending again with zero attempts.
-	// ids == nil requeues every dead row.
-	RequeueDeadLetters(ids []int64) sqladapters.Query
+	// CompleteForwarded removes published rows from the outbox, or moves
+	// them to the kept table when keep is true (see Steps).
+	CompleteForwarded(ids []int64, keep bool) []sqladapters.Query
+	// RecordFailure stores a failed attempt, with the fingerprint of the
+	// error text it stores (sqladapters.FingerprintError); with f.Dead it
+	// moves the row to the dead letters' table instead (see Steps).
+	RecordFailure(f sqladapters.Failure) []sqladapters.Query
+	// OutboxStats selects three int columns: pending rows (including rows
+	// waiting for a retry), dead rows, and how long the pending row with
+	// the lowest id has waited, in microseconds (0 when none is pending).
+	OutboxStats() sqladapters.Query
+	// RequeueDeadLetters moves the given dead letters back into the
+	// outbox under their ids, with zero attempts, due now, and records when
+	// in requeued_at, from which the ages of pending rows count (ids is
+	// never empty; see Steps).
+	RequeueDeadLetters(ids []int64) []sqladapters.Query
 
 	// EnsurePartitions creates lease rows 0..n-1 when missing.
 	EnsurePartitions(n int) []sqladapters.Query
@@ -87,6 +105,53 @@ type Builder interface {
 	OwnedPartitions(instance string) sqladapters.Query
 	// ReleasePartitions frees the given partitions of instance.
 	ReleasePartitions(instance string, partitions []int) sqladapters.Query
+
+	// TopicStats selects, per topic in topic order: topic, pending rows
+	// (including rows waiting for a retry), rows waiting for a retry, dead
+	// rows, forwarded rows kept, and how long the oldest pending row has
+	// waited in microseconds (NULL when none is pending).
+	TopicStats() sqladapters.Query
+	// InboxStats selects, per consumer in consumer order: consumer,
+	// records, and the age of the oldest record in microseconds.
+	InboxStats() sqladapters.Query
+	// PartitionLeases selects, per partition in order: partition, the
+	// owner holding an unexpired lease (NULL when free or expired), and
+	// the microseconds until that lease expires (NULL when free or
+	// expired).
+	PartitionLeases() sqladapters.Query
+	// SelectDeadLetters selects the page q of dead rows, in id order, with
+	// columns id, topic, uuid, key (NULL when empty), attempts, last error
+	// ('' when none), error fingerprint (16 bytes, NULL when none),
+	// created_at, dead_at, and with q.Payloads payload and metadata too.
+	// A filter on a fingerprint reads through an index of the dead rows'
+	// fingerprints.
+	SelectDeadLetters(q sqladapters.DeadLetterQuery) sqladapters.Query
+	// SelectDeadLetterIDs selects the ids (one bigint column) of the dead
+	// rows f selects with id > afterID, in id order, at most limit.
+	SelectDeadLetterIDs(f sqladapters.DeadLetterFilter, afterID int64, limit int) sqladapters.Query
+	// CountDeadLetters selects the number of dead rows f selects.
+	CountDeadLetters(f sqladapters.DeadLetterFilter) sqladapters.Query
+	// GroupDeadLetters selects, per error fingerprint of the dead rows f
+	// selects, most rows first, at most limit groups: fingerprint (NULL
+	// for rows without), the last error of the group's lowest id ('' when
+	// none), rows, the lowest id, and the ages in microseconds of the
+	// earliest and of the latest death.
+	GroupDeadLetters(f sqladapters.DeadLetterFilter, limit int) sqladapters.Query
+	// DeleteDeadLetters deletes the given dead letters (ids is never
+	// empty); a row requeued in the meantime stays.
+	DeleteDeadLetters(ids []int64) sqladapters.Query
+	// CountForwardedBefore selects the number of forwarded rows kept that
+	// were published before t.
+	CountForwardedBefore(t time.Time) sqladapters.Query
+	// SelectForwardedIDs selects the ids (one bigint column) of forwarded
+	// rows published before t with id > afterID, in id order, at most
+	// limit.
+	SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query
+	// DeleteForwarded deletes the given kept rows (ids is never empty).
+	DeleteForwarded(ids []int64) sqladapters.Query
+	// CountInboxBefore selects the number of inbox records received before
+	// t.
+	CountInboxBefore(t time.Time) sqladapters.Query
 
 	// InsertInbox records (consumer, messageID): one row affected the
 	// first time, zero (or a unique violation) for a duplicate. Under
@@ -111,7 +176,7 @@ type PendingHorizon interface {
 }
 
 // PendingAges is implemented by a Builder whose pending read can return
-// each row's age: SelectPending's columns and an eighth, the age in
+// each row's age: SelectPending's columns and a ninth, the age in
 // microseconds by the database's clock.
 type PendingAges interface {
 	SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query
@@ -122,14 +187,6 @@ type PendingAges interface {
 // read-only transaction after these statements.
 type PendingReadSetup interface {
 	PendingReadSetup() []sqladapters.Query
-}
-
-// OutboxStats is implemented by a Builder that reads the outbox's size and
-// the age of its oldest pending row in one statement: three int columns,
-// pending rows, dead rows, and the age in microseconds of the pending row
-// with the lowest id (0 when none is pending).
-type OutboxStats interface {
-	OutboxStats() sqladapters.Query
 }
 
 // MessageLimiter is implemented by a Builder whose database cannot store
@@ -161,4 +218,72 @@ type NotifyProber interface {
 // them (from when none).
 type InboxRangeDeleter interface {
 	DeleteInboxRange(from, before time.Time, limit int) sqladapters.Query
+}
+
+// Logical is implemented by a Builder whose database streams the outbox's
+// changes through logical replication: the statements of the
+// change-data-capture source (sqladapters.Logical). Positions (LSNs) are
+// selected as decimal numbers, transaction ids as bigint.
+type Logical interface {
+	// LogicalCheck selects one row: wal_level, the current role, whether
+	// it may replicate, the outbox table's oid (0 when missing), whether
+	// the publication and slot exist, server_version_num and
+	// max_slot_wal_keep_size in megabytes (-1 when unset).
+	LogicalCheck(publication, slot string) sqladapters.Query
+	// PublicationExists selects whether the publication exists.
+	PublicationExists(publication string) sqladapters.Query
+	// CreatePublication creates the publication of the outbox's inserts.
+	CreatePublication(publication string) sqladapters.Query
+	// SlotExists selects whether the slot exists.
+	SlotExists(slot string) sqladapters.Query
+	// CreateSlot creates the slot; it returns rows.
+	CreateSlot(slot string) sqladapters.Query
+	// DropSlot drops the slot where it exists; it returns rows.
+	DropSlot(slot string) sqladapters.Query
+	// DropPublication drops the publication where it exists.
+	DropPublication(publication string) sqladapters.Query
+	// Slot selects the slot's confirmed position, whether it is active,
+	// and the bytes of WAL it retains (no row when it does not exist).
+	Slot(slot string) sqladapters.Query
+	// PendingKeys selects the mark (lsn, xmin) and, per distinct key of
+	// the pending rows, whether it is a key and the key ('' without one);
+	// one row of NULL keys when none is pending.
+	PendingKeys() sqladapters.Query
+	// ReadKeys selects the mark and the pending rows of the keys (a text
+	// array parameter) in id order, with whether each is due, the seconds
+	// until it is, and its age in microseconds; one row of NULL row
+	// columns when none matches.
+	ReadKeys(keys []string, unkeyed bool, limit int) sqladapters.Query
+	// EmitCheck selects one row: wal_level, server_version_num, whether a
+	// logical slot exists in the database, the prefix of the outbox's
+	// logical decoding messages and the name of its id sequence.
+	EmitCheck() sqladapters.Query
+	// EmitRecord writes r, with its messages' ids drawn from sequence and
+	// appended, as a transactional logical decoding message of prefix.
+	EmitRecord(prefix, sequence string, r sqladapters.EmitRecord) sqladapters.Query
+	// WriteMessages returns the statements writing ms into the tables
+	// (see sqladapters.Logical.WriteMessages); the last selects the
+	// writing transaction's 32-bit id.
+	WriteMessages(ms []sqladapters.WrittenMessage) []sqladapters.Query
+	// CompleteStreamed removes (or keeps, keep) the rows with the given
+	// ids and selects, per row, the oldest running transaction of the
+	// statement's snapshot and the id of a row it changed (NULL when
+	// none): at least one row.
+	CompleteStreamed(ids []int64, keep bool) sqladapters.Query
+	// IsDuplicateObject tells an error of creating what a concurrent
+	// caller created first.
+	IsDuplicateObject(err error) bool
+}
+
+// FingerprintBackfill is implemented by a Builder whose database cannot
+// hash in SQL: Migrate fingerprints the errors of the rows that failed
+// before migration FingerprintVersion, right after applying it.
+type FingerprintBackfill interface {
+	FingerprintVersion() int
+	// UnfingerprintedErrors selects id and last error of up to limit
+	// rows with an error and no fingerprint and id > afterID, in id
+	// order.
+	UnfingerprintedErrors(afterID int64, limit int) sqladapters.Query
+	// SetFingerprint stores the fingerprint of row id.
+	SetFingerprint(id int64, fp sqladapters.ErrorFingerprint) sqladapters.Query
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
@@ -20,6 +21,9 @@ const maxReadLimit = 50000
 // packages embed it in their dialect type.
 type Store struct {
 	b Builder
+	// emit is what the outbox without a table writes with, as the last
+	// check found it (nil before one succeeded).
+	emit atomic.Pointer[emitTarget]
 }
 
 var _ sqladapters.Dialect = (*Store)(nil)
@@ -32,8 +36,7 @@ func New(b Builder) *Store { return &Store{b: b} }
 func (s *Store) store() *Store { return s }
 
 // BuilderOf returns the Builder behind a dialect of one of millbox's
-// database packages, for the operations tools that build SQL of their
-// own on it.
+// database packages, for the tests that read the plans of its statements.
 func BuilderOf(d any) (Builder, bool) {
 	e, ok := d.(interface{ store() *Store })
 	if !ok || e.store() == nil {
@@ -50,6 +53,7 @@ func (s *Store) Features() sqladapters.Features {
 	f := s.b.Features()
 	_, f.HighWaterMark = s.b.(HighWaterMark)
 	_, f.Horizon = s.b.(PendingHorizon)
+	_, f.LogicalReplication = s.b.(Logical)
 	return f
 }
 
@@ -112,6 +116,11 @@ func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sql
 				return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
 			}
 		}
+		if fb, ok := s.b.(FingerprintBackfill); ok && m.Version == fb.FingerprintVersion() {
+			if err := s.backfillFingerprints(ctx, tx, fb); err != nil {
+				return fmt.Errorf("migration %d (%s): fingerprint recorded errors: %w", m.Version, m.Name, err)
+			}
+		}
 		if _, err := s.b.RecordMigration(m.Version, m.Name).Exec(ctx, tx); err != nil {
 			return fmt.Errorf("record migration %d: %w", m.Version, err)
 		}
@@ -122,6 +131,51 @@ func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sql
 		}
 	}
 	return nil
+}
+
+// backfillFingerprints stores the fingerprint of every recorded error
+// that has none, a batch at a time.
+func (s *Store) backfillFingerprints(ctx context.Context, tx sqladapters.Tx, fb FingerprintBackfill) error {
+	const batch = 1000
+	type row struct {
+		id  int64
+		err string
+	}
+	for after := int64(0); ; {
+		var rows []row
+		err := s.query(ctx, tx, fb.UnfingerprintedErrors(after, batch), func(r sqladapters.Rows) error {
+			var x row
+			err := r.Scan(&x.id, &x.err)
+			rows = append(rows, x)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		for _, x := range rows {
+			if _, err := fb.SetFingerprint(x.id, sqladapters.FingerprintError(x.err)).Exec(ctx, tx); err != nil {
+				return err
+			}
+		}
+		if len(rows) < batch {
+			return nil
+		}
+		after = rows[len(rows)-1].id
+	}
+}
+
+// AppliedMigrations implements sqladapters.Dialect.
+func (s *Store) AppliedMigrations(ctx context.Context, e sqladapters.Executor) ([]int, error) {
+	applied := map[int]bool{}
+	if err := scanApplied(ctx, e, s.b.AppliedMigrations(), applied); err != nil {
+		return nil, s.ClassifyError(err)
+	}
+	out := make([]int, 0, len(applied))
+	for v := range applied {
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // scanApplied reads the applied versions into applied.
@@ -227,9 +281,9 @@ func (s *Store) ReadPending(ctx context.Context, e sqladapters.Executor, q sqlad
 		key    sql.NullString
 		micros sql.NullInt64
 	)
-	dest := []any{&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts, &micros}
+	dest := []any{&r.ID, &r.Topic, &r.UUID, &r.Payload, &r.Metadata, &key, &r.Attempts, &r.KeyHash, &micros}
 	if !withAge {
-		dest = dest[:7]
+		dest = dest[:8]
 	}
 	for rows.Next() {
 		r, key, micros = sqladapters.OutboxRow{}, sql.NullString{}, sql.NullInt64{}
@@ -273,7 +327,64 @@ func (s *Store) CompleteForwarded(ctx context.Context, e sqladapters.Executor, i
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	return s.exec(ctx, e, s.b.CompleteForwarded(ids, keep))
+	return s.steps(ctx, e, s.b.CompleteForwarded(ids, keep))
+}
+
+// steps runs the statements of a move between tables (see Builder) in one
+// transaction: its own when e is a DB, else a savepoint of the caller's.
+// It reports the rows the first statement changed.
+func (s *Store) steps(ctx context.Context, e sqladapters.Executor, qs []sqladapters.Query) (int64, error) {
+	if len(qs) == 1 {
+		return s.exec(ctx, e, qs[0])
+	}
+	run := func(ex sqladapters.Executor) (int64, error) {
+		var first int64
+		for i, q := range qs {
+			n, err := q.Exec(ctx, ex)
+			if err != nil {
+				return 0, s.ClassifyError(err)
+			}
+			if i == 0 {
+				first = n
+			}
+		}
+		return first, nil
+	}
+	if db, ok := e.(sqladapters.DB); ok {
+		tx, err := db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			return 0, s.ClassifyError(err)
+		}
+		n, err := run(tx)
+		if err != nil {
+			sqladapters.Rollback(tx)
+			return 0, err
+		}
+		return n, s.ClassifyError(tx.Commit(ctx))
+	}
+	sp, ok := s.b.(Savepointer)
+	if !ok {
+		return run(e)
+	}
+	set, rollback, release := sp.Savepoint()
+	if _, err := set.Exec(ctx, e); err != nil {
+		return 0, s.ClassifyError(err)
+	}
+	n, err := run(e)
+	if err != nil {
+		return 0, s.undo(ctx, e, rollback, release, err)
+	}
+	_, err = release.Exec(ctx, e)
+	return n, s.ClassifyError(err)
+}
+
+// Logical implements sqladapters.Dialect.
+func (s *Store) Logical() sqladapters.Logical {
+	lb, ok := s.b.(Logical)
+	if !ok {
+		return nil
+	}
+	return &logicalStore{s: s, b: lb}
 }
 
 // RecordFailure implements sqladapters.Dialect.
@@ -281,7 +392,7 @@ func (s *Store) RecordFailure(ctx context.Context, e sqladapters.Executor, f sql
 	// The error text comes from a publisher: Postgres refuses invalid
 	// UTF-8 and NUL bytes, which would leave the failure unrecorded.
 	f.Error = strings.ReplaceAll(strings.ToValidUTF8(f.Error, "\uFFFD"), "\x00", "")
-	return s.exec(ctx, e, s.b.RecordFailure(f))
+	return s.steps(ctx, e, s.b.RecordFailure(f))
 }
 
 // HighWaterMark implements sqladapters.Dialect.
@@ -329,51 +440,20 @@ func (s *Store) NotifyProbe(ctx context.Context, e sqladapters.Executor) error {
 // OutboxStats implements sqladapters.Dialect.
 func (s *Store) OutboxStats(ctx context.Context, e sqladapters.Executor) (sqladapters.OutboxStats, error) {
 	var st sqladapters.OutboxStats
-	sd, ok := s.b.(OutboxStats)
-	if !ok {
-		err := s.query(ctx, e, s.b.CountOutbox(), func(r sqladapters.Rows) error { return r.Scan(&st.Pending, &st.Dead) })
-		st.OldestPendingAge = -1
-		return st, err
-	}
 	var ageMicros int64
-	err := s.query(ctx, e, sd.OutboxStats(), func(r sqladapters.Rows) error {
+	err := s.query(ctx, e, s.b.OutboxStats(), func(r sqladapters.Rows) error {
 		return r.Scan(&st.Pending, &st.Dead, &ageMicros)
 	})
-	// A row written a moment ago by a database whose clock steps back
-	// would show a negative age.
-	st.OldestPendingAge = max(time.Duration(ageMicros)*time.Microsecond, 0)
+	st.OldestPendingAge = age(sql.NullInt64{Int64: ageMicros, Valid: true})
 	return st, err
-}
-
-// ListDeadLetters implements sqladapters.Dialect.
-func (s *Store) ListDeadLetters(ctx context.Context, e sqladapters.Executor, afterID int64, limit int) ([]sqladapters.DeadLetter, error) {
-	var out []sqladapters.DeadLetter
-	err := s.query(ctx, e, s.b.ListDeadLetters(afterID, limit), func(r sqladapters.Rows) error {
-		dl, err := ScanDeadLetter(r)
-		out = append(out, dl)
-		return err
-	})
-	return out, err
-}
-
-// ScanDeadLetter scans one row of ListDeadLetters' columns.
-func ScanDeadLetter(r sqladapters.Rows) (sqladapters.DeadLetter, error) {
-	var (
-		dl      sqladapters.DeadLetter
-		key     sql.NullString
-		lastErr sql.NullString
-	)
-	err := r.Scan(&dl.ID, &dl.Topic, &dl.UUID, &dl.Payload, &dl.Metadata, &key, &dl.Attempts, &lastErr, &dl.CreatedAt, &dl.DeadAt)
-	dl.Key, dl.LastError = key.String, lastErr.String
-	return dl, err
 }
 
 // RequeueDeadLetters implements sqladapters.Dialect.
 func (s *Store) RequeueDeadLetters(ctx context.Context, e sqladapters.Executor, ids []int64) (int64, error) {
-	if ids != nil && len(ids) == 0 {
+	if len(ids) == 0 {
 		return 0, nil
 	}
-	return s.exec(ctx, e, s.b.RequeueDeadLetters(ids))
+	return s.steps(ctx, e, s.b.RequeueDeadLetters(ids))
 }
 
 // EnsurePartitions implements sqladapters.Dialect.

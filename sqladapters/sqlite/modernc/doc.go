@@ -11,5 +11,12 @@
 //
 //	go get github.com/millbox/millbox/sqladapters/sqlite/modernc
 //
-// Its examples run the whole outbox and inbox on a SQLite file.
+// Its examples run millbox's main entry points on a SQLite file, with
+// checked output, so that they run anywhere (go test -run Example):
+// Example_migrate (sqladapters.Migrate), Example_publishTx (the outbox
+// publisher in a transaction), Example_forwarder (forwarder.New),
+// Example_inboxMiddleware (middleware.NewInbox), Example_ops (a dead
+// letter found and requeued with sqladapters/ops) and Example_adminPage
+// (sqladapters/admin). The health handler's runnable example is in
+// package forwarder (ExampleHealthHandler).
 package modernc

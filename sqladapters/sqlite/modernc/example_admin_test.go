@@ -17,9 +17,8 @@ import (
 )
 
 // admin.New on SQLite: mount the admin page under /admin/ of the
-// application's server. Only requests Authorize allows may requeue or
-// discard; everybody who reaches the handler may look, so put it behind the
-// application's login.
+// application's server, behind its login. Only requests View allows may
+// look, and only those Authorize allows too may requeue or discard.
 func Example_adminPage() {
 	dir, err := os.MkdirTemp("", "millbox-admin-example")
 	if err != nil {
@@ -39,7 +38,8 @@ func Example_adminPage() {
 	page, err := admin.New(admin.Config{
 		DB:      db,
 		Dialect: dialect,
-		// The application's own check, such as a role in its session.
+		// The application's own checks, such as a role in its session.
+		View:      func(r *http.Request) bool { return r.Header.Get("X-Role") != "" },
 		Authorize: func(r *http.Request) bool { return r.Header.Get("X-Role") == "operator" },
 	})
 	if err != nil {
@@ -49,7 +49,9 @@ func Example_adminPage() {
 	mux.Handle("/admin/", http.StripPrefix("/admin", page))
 
 	rec := httptest.NewRecorder()
-	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/", nil))
+	req := httptest.NewRequest(http.MethodGet, "/admin/", nil)
+	req.Header.Set("X-Role", "viewer")
+	mux.ServeHTTP(rec, req)
 	fmt.Println(rec.Code, rec.Header().Get("Content-Type"))
 	// Output: 200 text/html; charset=utf-8
 }

@@ -49,7 +49,7 @@ func Example_forwarder() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fwd, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Publisher: destination})
+	fwd, err := forwarder.New(forwarder.Config{DB: db, Dialect: dialect, Destination: destination})
 	if err != nil {
 		log.Fatal(err)
 	}

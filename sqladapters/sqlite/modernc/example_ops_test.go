@@ -2,11 +2,17 @@ package modernc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/ops"
 	"github.com/millbox/millbox/sqladapters/sqlite"
@@ -14,9 +20,22 @@ import (
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
-// ops.New on SQLite: read the backlog, then requeue the dead letters that
-// failed on a broker outage once it is over.
+// refusing is a destination that refuses every message, as a broker does
+// whose topic is read-only.
+type refusing struct{}
+
+func (refusing) Publish(string, ...*message.Message) error {
+	return errors.New("topic orders is read-only")
+}
+func (refusing) Close() error { return nil }
+
+// ops.New on SQLite: a message the destination refused until it became a
+// dead letter, found by its error, and requeued once the destination is
+// fixed. The millbox command (millbox dead list, millbox dead requeue)
+// and the admin page run the same operations.
 func Example_ops() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	dir, err := os.MkdirTemp("", "millbox-ops")
 	if err != nil {
 		log.Fatal(err)
@@ -27,9 +46,35 @@ func Example_ops() {
 		log.Fatal(err)
 	}
 	defer sdb.Close()
-	ctx := context.Background()
 	db, dialect := stdsql.WrapDB(sdb), sqlite.MustNew(sqlite.Options{})
 	if err := sqladapters.Migrate(ctx, db, dialect); err != nil {
+		log.Fatal(err)
+	}
+
+	// An event, and a forwarder that gives it up after its first failed
+	// attempt (MaxAttempts: 1; by default after 10, about 8.5 minutes).
+	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: dialect})
+	if err != nil {
+		log.Fatal(err)
+	}
+	tx, err := sdb.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := outbox.PublishTx(ctx, stdsql.WrapTx(tx), "orders", message.NewMessage("order-7-placed", []byte(`{}`))); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+	fw, err := forwarder.New(forwarder.Config{
+		DB:          db,
+		Dialect:     dialect,
+		Destination: refusing{},
+		MaxAttempts: 1,
+		Logger:      watermill.NopLogger{}, // by default the failure is logged through log/slog
+	})
+	if err != nil {
 		log.Fatal(err)
 	}
 
@@ -37,24 +82,41 @@ func Example_ops() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	readOnly := ops.Filter{ErrorContains: "read-only"}
+	runErr := make(chan error, 1)
+	go func() { runErr <- fw.Run(ctx) }()
+	for {
+		n, err := o.CountDeadLetters(ctx, readOnly)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fw.Close()
+	<-runErr
+
+	dead, err := o.ListDeadLetters(ctx, ops.ListQuery{Filter: readOnly})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, d := range dead {
+		fmt.Printf("dead letter %s to %s after %d attempt(s): %s\n", d.UUID, d.Topic, d.Attempts, d.LastError)
+	}
+
+	// The topic is writable again: send the dead letters once more.
+	n, err := o.Requeue(ctx, readOnly, ops.ChangeOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	st, err := o.Status(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("pending:", st.Pending, "dead letters:", st.DeadLetters)
-
-	outage := ops.Filter{ErrorContains: "connection refused"}
-	n, err := o.CountDeadLetters(ctx, outage)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if n > 0 {
-		if _, err := o.Requeue(ctx, outage, ops.ChangeOptions{}); err != nil {
-			log.Fatal(err)
-		}
-	}
-	fmt.Println("requeued:", n)
+	fmt.Println("requeued:", n, "pending:", st.Pending, "dead letters:", st.Dead)
 	// Output:
-	// pending: 0 dead letters: 0
-	// requeued: 0
+	// dead letter order-7-placed to orders after 1 attempt(s): topic orders is read-only
+	// requeued: 1 pending: 1 dead letters: 0
 }

@@ -1,0 +1,250 @@
+package postgres
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
+)
+
+// The statements of the change-data-capture source (sqladapters.Logical).
+// Publication and slot names are validated identifiers, safe inline.
+
+var _ sqlstore.Logical = (*sqlDialect)(nil)
+
+// markColumns select the WAL position and the oldest running transaction
+// of the statement's snapshot.
+const markColumns = `SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::text AS lsn,
+	pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin`
+
+// LogicalCheck reads what the source needs in one statement.
+func (d *sqlDialect) LogicalCheck(publication, slot string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `SELECT current_setting('wal_level'), current_user::text,
+	coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false),
+	coalesce(to_regclass($1)::oid, 0)::bigint,
+	EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $2),
+	EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $3),
+	current_setting('server_version_num')::int,
+	(SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size')`,
+		Args: []any{d.outbox, publication, slot},
+	}
+}
+
+// PublicationExists selects whether the publication exists.
+func (d *sqlDialect) PublicationExists(publication string) sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, Args: []any{publication}}
+}
+
+// CreatePublication publishes the outbox's inserts (new rows and
+// requeued dead letters); a partitioned outbox is published as its root
+// table.
+func (d *sqlDialect) CreatePublication(publication string) sqladapters.Query {
+	with := `publish = 'insert'`
+	if d.opts.Partitioned != nil {
+		with += `, publish_via_partition_root = true`
+	}
+	return sqladapters.Query{SQL: `CREATE PUBLICATION "` + publication + `" FOR TABLE ` + d.outbox + ` WITH (` + with + `)`}
+}
+
+// SlotExists selects whether the slot exists.
+func (d *sqlDialect) SlotExists(slot string) sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, Args: []any{slot}}
+}
+
+// CreateSlot creates a logical slot decoded by pgoutput.
+func (d *sqlDialect) CreateSlot(slot string) sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT 1 FROM pg_create_logical_replication_slot($1, 'pgoutput')`, Args: []any{slot}}
+}
+
+// DropSlot drops the slot where it exists.
+func (d *sqlDialect) DropSlot(slot string) sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, Args: []any{slot}}
+}
+
+// DropPublication drops the publication where it exists.
+func (d *sqlDialect) DropPublication(publication string) sqladapters.Query {
+	return sqladapters.Query{SQL: `DROP PUBLICATION IF EXISTS "` + publication + `"`}
+}
+
+// Slot reads the slot's confirmed position, whether it is active and the
+// WAL it retains.
+func (d *sqlDialect) Slot(slot string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `SELECT pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::text, active,
+	pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+FROM pg_replication_slots WHERE slot_name = $1`,
+		Args: []any{slot},
+	}
+}
+
+// PendingKeys selects the distinct keys of the pending rows.
+func (d *sqlDialect) PendingKeys() sqladapters.Query {
+	return sqladapters.Query{SQL: `WITH s AS (` + markColumns + `)
+SELECT s.lsn, s.xmin, k.keyed, k.key FROM s LEFT JOIN (
+	SELECT DISTINCT key IS NOT NULL AS keyed, coalesce(key, '') AS key FROM ` + d.outbox + `) k ON true`}
+}
+
+// ReadKeys selects the pending rows of the keys in id order, those waiting
+// for a retry included.
+func (d *sqlDialect) ReadKeys(keys []string, unkeyed bool, limit int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `WITH s AS (` + markColumns + `)
+SELECT s.lsn, s.xmin, o.id, o.topic, o.uuid, o.payload, o.metadata::text, o.key, o.attempts, o.due, o.wait, o.age
+FROM s LEFT JOIN LATERAL (
+	SELECT id, topic, uuid, payload, metadata, key, attempts, next_attempt_at <= now() AS due,
+		greatest(extract(epoch FROM next_attempt_at - now()), 0)::float8 AS wait, ` + ageMicros(`created_at`) + ` AS age
+	FROM ` + d.outbox + `
+	WHERE key = ANY($1::text[]) OR ($2::boolean AND key IS NULL)
+	ORDER BY id LIMIT ` + strconv.Itoa(limit) + `) o ON true`,
+		Args: []any{textArray(keys), unkeyed},
+	}
+}
+
+// CompleteStreamed deletes rows seen in the replication stream (or moves
+// them to the kept table), returning the ids it removed next to the
+// snapshot's xmin.
+func (d *sqlDialect) CompleteStreamed(ids []int64, keep bool) sqladapters.Query {
+	change := `c AS (DELETE FROM ` + d.outbox + ` WHERE id = ANY($1::bigint[]) RETURNING id)`
+	if keep {
+		change = `m AS (DELETE FROM ` + d.outbox + ` WHERE id = ANY($1::bigint[]) RETURNING ` + messageColumns + `),
+c AS (INSERT INTO ` + d.kept + ` (` + messageColumns + `) SELECT * FROM m RETURNING id)`
+	}
+	return sqladapters.Query{
+		SQL: `WITH s AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin), ` + change + `
+SELECT s.xmin, c.id FROM s LEFT JOIN c ON true`,
+		Args: []any{idArray(ids)},
+	}
+}
+
+// EmitCheck reads whether a replication slot can deliver the outbox's
+// logical decoding messages (PostgreSQL 14 or later for pgoutput's
+// messages option, wal_level logical, a logical slot in the database),
+// their prefix, which names the outbox by its oid (the cast resolves the
+// name as every statement of the dialect does), and the outbox's id
+// sequence. Without those conditions the messages would be lost.
+func (d *sqlDialect) EmitCheck() sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `SELECT current_setting('wal_level'), current_setting('server_version_num')::int,
+	EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_type = 'logical' AND database = current_database()),
+	'` + sqladapters.EmitPrefix + `' || to_regclass($1)::oid::text, pg_get_serial_sequence($1, 'id')`,
+		Args: []any{d.outbox},
+	}
+}
+
+// EmitRecord writes r as a transactional logical decoding message of
+// prefix with the ids of its messages appended: drawn from sequence in
+// order, each as 8 bytes big-endian (int8send).
+func (d *sqlDialect) EmitRecord(prefix, sequence string, r sqladapters.EmitRecord) sqladapters.Query {
+	ids := `(SELECT string_agg(int8send(nextval($3::regclass)), ''::bytea ORDER BY g) FROM generate_series(1, $4::int) g)`
+	args := []any{prefix, r.Content, sequence, r.Messages}
+	if r.Messages == 1 {
+		ids, args = `int8send(nextval($3::regclass))`, args[:3]
+	}
+	return sqladapters.Query{
+		SQL:  `SELECT pg_logical_emit_message(true, $1::text, $2::bytea || ` + ids + `)`,
+		Args: args,
+	}
+}
+
+// writtenTypes are the casts of a written message's parameters, in the
+// order of writeRun's VALUES.
+var writtenTypes = [...]string{"::bigint", "::text", "::text", "::bytea", "::jsonb", "::text", "::integer", "::timestamptz", "::integer", "::text", "::bytea", "::bigint"}
+
+// WriteMessages writes ms under their ids, in runs of one table each: the
+// outbox (pending or failed rows), the dead letters, the kept rows. A row
+// whose id is in the outbox or the dead letters already stays as it is
+// there. The last statement selects the transaction's id.
+func (d *sqlDialect) WriteMessages(ms []sqladapters.WrittenMessage) []sqladapters.Query {
+	var qs []sqladapters.Query
+	for start := 0; start < len(ms); {
+		table := writtenTable(ms[start])
+		end := start + 1
+		for end < len(ms) && writtenTable(ms[end]) == table && end-start < rowsPerInsert/2 {
+			end++
+		}
+		qs = append(qs, d.writeRun(table, ms[start:end]))
+		start = end
+	}
+	return append(qs, sqladapters.Query{SQL: `SELECT pg_current_xact_id()::text::bigint % 4294967296`})
+}
+
+// Tables of writtenTable.
+const (
+	writtenOutbox = iota
+	writtenDead
+	writtenKept
+)
+
+func writtenTable(m sqladapters.WrittenMessage) int {
+	switch {
+	case m.Kept:
+		return writtenKept
+	case m.Failure != nil && m.Failure.Dead:
+		return writtenDead
+	}
+	return writtenOutbox
+}
+
+func (d *sqlDialect) writeRun(table int, ms []sqladapters.WrittenMessage) sqladapters.Query {
+	var b strings.Builder
+	args := make([]any, 0, len(ms)*len(writtenTypes))
+	b.WriteString(`(VALUES `)
+	for i, m := range ms {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		n := len(args)
+		for j, typ := range writtenTypes {
+			if j == 0 {
+				b.WriteByte('(')
+			} else {
+				b.WriteByte(',')
+			}
+			b.WriteString(`$` + strconv.Itoa(n+j+1) + typ)
+		}
+		b.WriteByte(')')
+		var key any
+		if m.Key != "" {
+			key = m.Key
+		}
+		var (
+			attempts int
+			lastErr  any
+			fp       any
+			backoff  int64
+		)
+		if f := m.Failure; f != nil {
+			efp := sqladapters.FingerprintError(f.Error)
+			attempts, lastErr, fp, backoff = f.Attempts, f.Error, efp[:], micros(f.Backoff)
+		}
+		args = append(args, m.ID, m.Topic, m.UUID, m.Payload, string(m.Metadata), key, m.KeyHash, m.Created, attempts, lastErr, fp, backoff)
+	}
+	b.WriteString(`) w (id, topic, uuid, payload, metadata, key, key_hash, created_at, attempts, last_error, error_fp, backoff)`)
+	values := b.String()
+	var q string
+	switch table {
+	case writtenDead:
+		q = `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp)
+SELECT id, topic, uuid, payload, metadata, key, key_hash, created_at, attempts, last_error, error_fp FROM ` + values + `
+ON CONFLICT DO NOTHING`
+	case writtenKept:
+		q = `INSERT INTO ` + d.kept + ` (` + messageColumns + `)
+SELECT id, topic, uuid, payload, metadata, key, key_hash, created_at FROM ` + values + `
+ON CONFLICT DO NOTHING`
+	default:
+		q = `INSERT INTO ` + d.outbox + ` (` + messageColumns + `, attempts, last_error, error_fp, next_attempt_at) OVERRIDING SYSTEM VALUE
+SELECT id, topic, uuid, payload, metadata, key, key_hash, created_at, attempts, last_error, error_fp, now() + backoff * interval '1 microsecond'
+FROM ` + values + ` WHERE NOT EXISTS (SELECT 1 FROM ` + d.dead + ` x WHERE x.id = w.id)
+ON CONFLICT DO NOTHING`
+	}
+	return sqladapters.Query{SQL: q, Args: args}
+}
+
+// IsDuplicateObject tells a publication or slot a concurrent caller
+// created first.
+func (d *sqlDialect) IsDuplicateObject(err error) bool {
+	s := sqlState(err)
+	return s == "42710" || s == "23505"
+}

@@ -1,0 +1,185 @@
+package postgres
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/millbox/millbox/sqladapters"
+)
+
+// This file holds the SQL of the operations verbs of the store contract,
+// which sqladapters/ops, the admin page and the millbox command run.
+
+// ageMicros renders the microseconds from the timestamp expression t to
+// now, NULL when t is NULL.
+func ageMicros(t string) string {
+	return `(extract(epoch from now() - ` + t + `) * 1000000)::bigint`
+}
+
+// waitingSince is when a pending row of the outbox aliased o started to
+// wait: its requeue, or else its creation.
+const waitingSince = `coalesce(o.requeued_at, o.created_at)`
+
+// TopicStats counts the rows per topic of the outbox, the dead letters
+// and the kept rows.
+func (d *sqlDialect) TopicStats() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT topic, sum(pending)::bigint, sum(retrying)::bigint, sum(dead)::bigint, sum(kept)::bigint, ` +
+		ageMicros(`min(waiting)`) + `
+FROM (
+	SELECT topic, count(*) AS pending, count(*) FILTER (WHERE attempts > 0) AS retrying, 0 AS dead, 0 AS kept, min(` + waitingSince + `) AS waiting
+	FROM ` + d.outbox + ` o GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, count(*), 0, NULL FROM ` + d.dead + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, 0, count(*), NULL FROM ` + d.kept + ` GROUP BY topic
+) t GROUP BY topic ORDER BY topic`}
+}
+
+// InboxStats counts the inbox records per consumer.
+func (d *sqlDialect) InboxStats() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT consumer, count(*), ` + ageMicros(`min(received_at)`) + `
+FROM ` + d.inbox + ` GROUP BY consumer ORDER BY consumer`}
+}
+
+// PartitionLeases lists the partitions with their live owners.
+func (d *sqlDialect) PartitionLeases() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT partition,
+	CASE WHEN expires_at > now() THEN owner END,
+	CASE WHEN expires_at > now() AND owner IS NOT NULL THEN (extract(epoch from expires_at - now()) * 1000000)::bigint END
+FROM ` + d.leases + ` ORDER BY partition`}
+}
+
+// deadWhere renders the conditions of f on dead letters aliased o,
+// numbering parameters after args. Ages count back from the database's
+// clock.
+func deadWhere(f sqladapters.DeadLetterFilter, args []any) (string, []any) {
+	var b strings.Builder
+	b.WriteString(`true`)
+	add := func(cond string, v any) {
+		args = append(args, v)
+		b.WriteString(` AND ` + strings.Replace(cond, "$?", "$"+strconv.Itoa(len(args)), 1))
+	}
+	if len(f.IDs) > 0 {
+		add(`o.id = ANY($?::bigint[])`, int64Array(f.IDs))
+	}
+	if f.Topic != "" {
+		add(`o.topic = $?`, f.Topic)
+	}
+	if f.Key != "" {
+		add(`o.key = $?`, f.Key)
+	}
+	if f.ErrorContains != "" {
+		add(`strpos(o.last_error, $?::text) > 0`, f.ErrorContains)
+	}
+	switch {
+	case f.Fingerprint == nil:
+	case f.Fingerprint.IsZero():
+		b.WriteString(` AND o.error_fp IS NULL`)
+	default:
+		add(`o.error_fp = $?::bytea`, f.Fingerprint[:])
+	}
+	if f.OlderThan > 0 {
+		add(`o.dead_at < now() - $? * interval '1 microsecond'`, micros(f.OlderThan))
+	}
+	if f.NewerThan > 0 {
+		add(`o.dead_at >= now() - $? * interval '1 microsecond'`, micros(f.NewerThan))
+	}
+	return b.String(), args
+}
+
+// groupErrorChars is sqladapters.GroupErrorChars in SQL.
+var groupErrorChars = strconv.Itoa(sqladapters.GroupErrorChars)
+
+// deadColumns are the columns of a dead letter without its payload and
+// metadata, and payloadColumns those two.
+const (
+	deadColumns    = `o.id, o.topic, o.uuid, o.key, o.attempts, coalesce(o.last_error, ''), o.error_fp, o.created_at, o.dead_at`
+	payloadColumns = `, o.payload, o.metadata`
+)
+
+// SelectDeadLetters pages through the dead letters q selects.
+func (d *sqlDialect) SelectDeadLetters(q sqladapters.DeadLetterQuery) sqladapters.Query {
+	where, args := deadWhere(q.Filter, []any{q.AfterID, q.Limit})
+	cols := deadColumns
+	if q.ErrorChars > 0 {
+		cols = strings.Replace(cols, `coalesce(o.last_error, '')`, `left(coalesce(o.last_error, ''), `+strconv.Itoa(q.ErrorChars)+`)`, 1)
+	}
+	if q.Payloads {
+		cols += payloadColumns
+	}
+	return sqladapters.Query{
+		SQL:  `SELECT ` + cols + ` FROM ` + d.dead + ` o WHERE ` + where + ` AND o.id > $1 ORDER BY o.id LIMIT $2`,
+		Args: args,
+	}
+}
+
+// SelectDeadLetterIDs pages through the ids of the dead letters f selects.
+func (d *sqlDialect) SelectDeadLetterIDs(f sqladapters.DeadLetterFilter, afterID int64, limit int) sqladapters.Query {
+	where, args := deadWhere(f, []any{afterID, limit})
+	return sqladapters.Query{
+		SQL:  `SELECT o.id FROM ` + d.dead + ` o WHERE ` + where + ` AND o.id > $1 ORDER BY o.id LIMIT $2`,
+		Args: args,
+	}
+}
+
+// CountDeadLetters counts the dead letters f selects.
+func (d *sqlDialect) CountDeadLetters(f sqladapters.DeadLetterFilter) sqladapters.Query {
+	where, args := deadWhere(f, nil)
+	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.dead + ` o WHERE ` + where, Args: args}
+}
+
+// GroupDeadLetters groups the dead letters f selects by error fingerprint,
+// and reads the error text of each group's lowest id only: the texts of a
+// group are equal, and may be large.
+func (d *sqlDialect) GroupDeadLetters(f sqladapters.DeadLetterFilter, limit int) sqladapters.Query {
+	where, args := deadWhere(f, []any{limit})
+	return sqladapters.Query{
+		SQL: `SELECT g.fp, left(coalesce((SELECT s.last_error FROM ` + d.dead + ` s WHERE s.id = g.first), ''), ` + groupErrorChars + `),
+	g.n, g.first, ` + ageMicros(`g.first_dead`) + `, ` + ageMicros(`g.last_dead`) + `
+FROM (SELECT o.error_fp AS fp, count(*) AS n, min(o.id) AS first, min(o.dead_at) AS first_dead, max(o.dead_at) AS last_dead
+	FROM ` + d.dead + ` o WHERE ` + where + `
+	GROUP BY o.error_fp ORDER BY count(*) DESC, min(o.id) LIMIT $1) g
+ORDER BY g.n DESC, g.first`,
+		Args: args,
+	}
+}
+
+// DeleteDeadLetters deletes the given dead letters.
+func (d *sqlDialect) DeleteDeadLetters(ids []int64) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `DELETE FROM ` + d.dead + ` WHERE id = ANY($1::bigint[])`,
+		Args: []any{int64Array(ids)},
+	}
+}
+
+// CountForwardedBefore counts kept rows published before t.
+func (d *sqlDialect) CountForwardedBefore(t time.Time) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT count(*) FROM ` + d.kept + ` WHERE published_at < $1::timestamptz`,
+		Args: []any{t},
+	}
+}
+
+// SelectForwardedIDs pages through kept rows published before t, along the
+// primary key.
+func (d *sqlDialect) SelectForwardedIDs(t time.Time, afterID int64, limit int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT id FROM ` + d.kept + ` WHERE id > $1 AND published_at < $2::timestamptz ORDER BY id LIMIT $3`,
+		Args: []any{afterID, t, limit},
+	}
+}
+
+// DeleteForwarded deletes kept rows.
+func (d *sqlDialect) DeleteForwarded(ids []int64) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `DELETE FROM ` + d.kept + ` WHERE id = ANY($1::bigint[])`,
+		Args: []any{int64Array(ids)},
+	}
+}
+
+// CountInboxBefore counts the inbox records received before t.
+func (d *sqlDialect) CountInboxBefore(t time.Time) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT count(*) FROM ` + d.inbox + ` WHERE received_at < $1::timestamptz`,
+		Args: []any{t},
+	}
+}
