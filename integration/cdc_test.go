@@ -737,11 +737,24 @@ func TestCDCRequeueGoesFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // lets the stream bring them to the forwarder
+	// A message of another key, committed after them, arrives once the
+	// stream has brought them to the forwarder: the stream is in commit
+	// order.
+	streamPassed := func(seq int) {
+		t.Helper()
+		m := keyedMsg("other", seq)
+		if err := e.write(ctx, topic, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := col.WaitUUIDs(ctx, []string{m.UUID}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	streamPassed(0)
 	if n, err := requeueAll(ctx, e.db, e.d); err != nil || n != 1 {
 		t.Fatalf("requeue: %d, %v", n, err)
 	}
-	time.Sleep(500 * time.Millisecond) // lets the stream bring the requeue
+	streamPassed(1) // the forwarder has seen the requeue
 	close(hang.release)
 	if err := col.WaitUUIDs(ctx, append([]string{poison.UUID, held.UUID}, later...), time.Minute); err != nil {
 		t.Fatal(err)
