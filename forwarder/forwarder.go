@@ -78,6 +78,7 @@ func New(cfg Config) (*Forwarder, error) {
 		ReportError:  f.reportError,
 		Read:         f.read,
 		ExactlyOnce:  cfg.ExactlyOnce,
+		HoldKeys:     cfg.DeadLetterHoldsKey,
 	})
 	if err != nil {
 		return nil, err
