@@ -49,8 +49,8 @@ func (c *countingExecutor) Query(ctx context.Context, q string, args ...any) (sq
 type outboxGauges struct {
 	pending, dead, held int64
 	age                 float64
-	table         string
-	found         bool
+	table               string
+	found               bool
 }
 
 func collectOutboxGauges(t *testing.T, r *sdkmetric.ManualReader) outboxGauges {
