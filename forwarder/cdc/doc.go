@@ -38,7 +38,9 @@
 // are plain lower-case identifiers; anything else is refused. The outbox
 // table, the outbox Publisher, dead letters and their requeue are the same
 // as with polling: an application switches sources by changing
-// forwarder.Config.Source alone.
+// forwarder.Config.Source alone. Dead letters that hold their keys
+// (forwarder.Config.DeadLetterHoldsKey) are polling's only: New refuses
+// the option with this source.
 //
 // # Guarantees
 //
