@@ -52,9 +52,9 @@ func (o OutboxMetricsOptions) Validate() error {
 // RegisterOutboxMetrics reports the outbox of d as four observable gauges
 // of mp (otel.GetMeterProvider() when nil), with the attribute
 // millbox.outbox.table: MetricOutboxPending, MetricOutboxOldestPendingAge,
-// MetricOutboxDeadLetters and MetricOutboxHeldKeys. Each collection runs at most one cheap
-// statement on db (sqladapters.Dialect.OutboxStats), and none when the
-// last read is younger than MinInterval. A failed read is logged and its
+// MetricOutboxDeadLetters and MetricOutboxHeldKeys. Each collection runs
+// at most one cheap statement on db (sqladapters.Dialect.OutboxStats), and
+// none when the last read is younger than MinInterval. A failed read is logged and its
 // collection reports nothing for this outbox.
 //
 // The gauges do not depend on a forwarder: register them once per outbox

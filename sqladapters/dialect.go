@@ -325,12 +325,12 @@ type PendingQuery struct {
 	// forwarder holds back itself (a call that hangs), so that their
 	// backlog does not fill the read.
 	SkipKeys []string
-	// HeldKeys leaves out the rows whose key has a dead letter with a
-	// lower id that holds it (Failure.Hold), looked up through an index
-	// of the dead letters that hold their keys
+	// DeadLetterHolds leaves out the rows whose key has a dead letter
+	// with a lower id that holds it (Failure.Hold), looked up through an
+	// index of the dead letters that hold their keys
 	// (forwarder.Config.DeadLetterHoldsKey).
-	HeldKeys bool
-	Limit    int
+	DeadLetterHolds bool
+	Limit           int
 }
 
 // Failure records one failed publish of a row.
@@ -344,7 +344,7 @@ type Failure struct {
 	// Dead moves the row to the dead letters.
 	Dead bool
 	// Hold, with Dead, makes the dead letter hold its key: reads with
-	// PendingQuery.HeldKeys leave out the key's later rows until it is
+	// PendingQuery.DeadLetterHolds leave out the key's later rows until it is
 	// requeued or discarded. A row without a key holds nothing.
 	Hold bool
 }

@@ -57,7 +57,7 @@ func TestSourceRejectsBadConfig(t *testing.T) {
 		t.Fatalf("postgres dialect: %v", err)
 	}
 	// Dead letters that hold their keys are the polling source's only.
-	_, err = validSource().Open(source.Env{Dialect: postgres.MustNew(postgres.Options{}), HoldKeys: true})
+	_, err = validSource().Open(source.Env{Dialect: postgres.MustNew(postgres.Options{}), DeadLetterHolds: true})
 	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "DeadLetterHoldsKey") {
 		t.Fatalf("DeadLetterHoldsKey: %v", err)
 	}

@@ -144,7 +144,7 @@ func (s Source) Open(env source.Env) (source.Source, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	if env.HoldKeys {
+	if env.DeadLetterHolds {
 		// The stream delivers a key's rows as they commit; holding them
 		// behind a dead letter would need every handed key's read to
 		// honour the holds too.

@@ -26,7 +26,7 @@ const (
 // with equal keys have equal hashes (the hash also places the key in its
 // partition), and a marker whose row is gone marks nothing.
 //
-// With q.HeldKeys, a row whose key has an earlier dead letter holding it
+// With q.DeadLetterHolds, a row whose key has an earlier dead letter holding it
 // is left out too, through the dead letters' hold_idx, whose entries of
 // dead letters that hold nothing sort apart from those that do.
 //
@@ -57,7 +57,7 @@ WHERE o.next_attempt_at <= ` + now)
 			args = append(args, k)
 		}
 	}
-	if q.HeldKeys {
+	if q.DeadLetterHolds {
 		b.WriteString(`
 AND (o.` + "`key`" + ` IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.dead + ` h FORCE INDEX (hold_idx)

@@ -21,7 +21,7 @@ import (
 // a table, reading a batch would cost batch × backlog. It must look the
 // key hash up in the retry markers' primary key and their rows up in the
 // outbox's, also while the markers' table is empty, as it is most of the
-// time; with PendingQuery.HeldKeys, the hold check looks the key hash up
+// time; with PendingQuery.DeadLetterHolds, the hold check looks the key hash up
 // in the dead letters' hold_idx.
 func TestPlanPendingReadUsesIndexes(t *testing.T) {
 	raw := mysqltest.DB(t)
@@ -45,13 +45,13 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 		for _, q := range []sqladapters.PendingQuery{
 			{Limit: 2000},
 			{Partitions: 16, Owned: []int{0, 1, 2}, Exclude: []int64{1, 2, 3}, Limit: 2000},
-			{HeldKeys: true, Limit: 2000},
-			{HeldKeys: true, Partitions: 16, Owned: []int{0, 1, 2}, After: 100, Limit: 2000},
+			{DeadLetterHolds: true, Limit: 2000},
+			{DeadLetterHolds: true, Partitions: 16, Owned: []int{0, 1, 2}, After: 100, Limit: 2000},
 		} {
 			sel := read(q)
 			plan := planRows(t, ctx, raw, "EXPLAIN "+sel.SQL, sel.Args...)
 			want := 3
-			if q.HeldKeys {
+			if q.DeadLetterHolds {
 				want = 4
 			}
 			if len(plan) != want {

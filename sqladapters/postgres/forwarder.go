@@ -31,7 +31,7 @@ const retrying = `attempts > 0 AND dead_at IS NULL AND published_at IS NULL`
 // compares every row with the whole list, ten times slower than reading
 // those rows. Ids are never NULL, so NOT IN means what it says.
 //
-// With q.HeldKeys, a row whose key has an earlier dead letter holding it
+// With q.DeadLetterHolds, a row whose key has an earlier dead letter holding it
 // is left out the same way: its key's hash is looked up in the dead
 // letters' hold index, which holds only dead letters that hold their key.
 func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
@@ -55,7 +55,7 @@ WHERE o.next_attempt_at <= now()`)
 		b.WriteString(` AND (o.key IS NULL OR o.key <> ALL($` + strconv.Itoa(len(args)+1) + `::text[]))`)
 		args = append(args, textArray(q.SkipKeys))
 	}
-	if q.HeldKeys {
+	if q.DeadLetterHolds {
 		b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.dead + ` h

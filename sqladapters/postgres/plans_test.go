@@ -90,7 +90,7 @@ func TestPlanPartitionedStatementsUseIndexes(t *testing.T) {
 	for name, qs := range map[string][]sqladapters.Query{
 		"SelectPending":        {b.SelectPending(pending)},
 		"SelectPendingWithAge": {b.SelectPendingWithAge(pending)},
-		"SelectPendingHeld":    {b.SelectPending(sqladapters.PendingQuery{HeldKeys: true, Partitions: 8, Owned: []int{1, 2}, Limit: 100})},
+		"SelectPendingHeld":    {b.SelectPending(sqladapters.PendingQuery{DeadLetterHolds: true, Partitions: 8, Owned: []int{1, 2}, Limit: 100})},
 		"CompleteForwarded":    b.CompleteForwarded([]int64{1, 2, 3}, false),
 		"CompleteKept":         b.CompleteForwarded([]int64{1, 2, 3}, true),
 		"RecordFailure":        b.RecordFailure(sqladapters.Failure{ID: 7, Attempts: 1, Error: "x"}),
@@ -364,7 +364,7 @@ func TestPlanErrorGroupPageReadsOneGroup(t *testing.T) {
 // page's worth of buffers whatever the table's size, with the backoff
 // check a lookup in the retry index. Read from the head, after a floor
 // (PendingQuery.After) and for some partitions, as custom and as generic
-// plans; and with PendingQuery.HeldKeys, next to a dead letter that holds
+// plans; and with PendingQuery.DeadLetterHolds, next to a dead letter that holds
 // its key among the million that do not, where the hold check is a lookup
 // in the dead letters' hold index.
 func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
@@ -429,8 +429,8 @@ func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
 		"head":       {Limit: limit},
 		"after":      {After: int64(rows / 2), Limit: limit},
 		"partitions": {Partitions: 16, Owned: []int{3, 11}, After: int64(rows / 2), Limit: limit},
-		"held":       {HeldKeys: true, Limit: limit},
-		"held after": {HeldKeys: true, Partitions: 16, Owned: []int{3, 8}, After: int64(rows / 2), Limit: limit},
+		"held":       {DeadLetterHolds: true, Limit: limit},
+		"held after": {DeadLetterHolds: true, Partitions: 16, Owned: []int{3, 8}, After: int64(rows / 2), Limit: limit},
 	} {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			tx, err := db.Begin(ctx, sql.TxOptions{})
@@ -469,7 +469,7 @@ func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
 			if !uses(scan, "_retry_idx") {
 				t.Fatalf("%s, %s: the backoff check does not look the key up in the retry index: %s", name, mode, text)
 			}
-			if q.HeldKeys && !uses(scan, "_deadhold_idx") {
+			if q.DeadLetterHolds && !uses(scan, "_deadhold_idx") {
 				t.Fatalf("%s, %s: the hold check does not look the key up in the dead letters' hold index: %s", name, mode, text)
 			}
 			buffers := top.Hit + top.Read

@@ -50,7 +50,7 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 		"SelectPendingOwned": d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Limit: 10}),
 		"SelectPendingNone":  d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 10}),
 		"SelectPendingExcl":  d.SelectPending(sqladapters.PendingQuery{Exclude: []int64{5, 6}, Limit: 10}),
-		"SelectPendingHeld":  d.SelectPending(sqladapters.PendingQuery{HeldKeys: true, SkipKeys: []string{"k"}, Limit: 10}),
+		"SelectPendingHeld":  d.SelectPending(sqladapters.PendingQuery{DeadLetterHolds: true, SkipKeys: []string{"k"}, Limit: 10}),
 		"SelectHeldKeys":     d.SelectHeldKeys(10),
 		"OutboxStats":        d.OutboxStats(),
 		"CountPartitions":    d.CountPartitions(),

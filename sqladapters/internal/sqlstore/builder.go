@@ -66,7 +66,7 @@ type Builder interface {
 	// SelectPending returns columns id, topic, uuid, payload, metadata,
 	// key (NULL when empty), attempts, in id order, leaving out
 	// q.Exclude. A row whose key has an earlier row waiting for a retry is
-	// not returned, nor, with q.HeldKeys, one whose key has an earlier
+	// not returned, nor, with q.DeadLetterHolds, one whose key has an earlier
 	// dead letter that holds it.
 	SelectPending(q sqladapters.PendingQuery) sqladapters.Query
 	// CompleteForwarded removes published rows from the outbox, or moves

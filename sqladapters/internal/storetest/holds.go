@@ -9,7 +9,7 @@ import (
 )
 
 // Dead letters that hold their keys (sqladapters.Failure.Hold,
-// PendingQuery.HeldKeys).
+// PendingQuery.DeadLetterHolds).
 var holdCases = []testCase{
 	{"HeldKeysRead", testHeldKeysRead},
 	{"HeldKeyRequeue", testHeldKeyRequeue},
@@ -36,7 +36,7 @@ func (e *env) holdOutbox() holdKeys {
 	return h
 }
 
-var heldRead = sqladapters.PendingQuery{HeldKeys: true, Limit: 100}
+var heldRead = sqladapters.PendingQuery{DeadLetterHolds: true, Limit: 100}
 
 func (e *env) heldKeys() []sqladapters.HeldKey {
 	e.t.Helper()
@@ -59,10 +59,10 @@ func testHeldKeysRead(e *env) {
 		e.t.Fatalf("read without holds: %v, want %v", got, want)
 	}
 	for name, q := range map[string]sqladapters.PendingQuery{
-		"owned":    {HeldKeys: true, Partitions: 4, Owned: []int{1}, Limit: 100},
-		"after":    {HeldKeys: true, After: h.a1, Limit: 100},
-		"excluded": {HeldKeys: true, Exclude: []int64{h.b1}, Limit: 100},
-		"limit":    {HeldKeys: true, Limit: 2},
+		"owned":    {DeadLetterHolds: true, Partitions: 4, Owned: []int{1}, Limit: 100},
+		"after":    {DeadLetterHolds: true, After: h.a1, Limit: 100},
+		"excluded": {DeadLetterHolds: true, Exclude: []int64{h.b1}, Limit: 100},
+		"limit":    {DeadLetterHolds: true, Limit: 2},
 	} {
 		want := map[string][]int64{
 			"owned":    {h.a1, h.c1},

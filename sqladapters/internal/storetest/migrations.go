@@ -354,7 +354,7 @@ func testMigrateHolds(e *env) {
 		e.t.Fatalf("dead letters after the migration: %+v, want %d holding nothing", dls, id[0])
 	}
 	e.fail(sqladapters.Failure{ID: id[2], Attempts: 3, Error: "new", Dead: true, Hold: true})
-	if got, want := e.pendingIDs(sqladapters.PendingQuery{HeldKeys: true, Limit: 10}), id[1:2]; !slices.Equal(got, want) {
+	if got, want := e.pendingIDs(sqladapters.PendingQuery{DeadLetterHolds: true, Limit: 10}), id[1:2]; !slices.Equal(got, want) {
 		e.t.Fatalf("held read after the migration: %v, want %v", got, want)
 	}
 	if st := e.stats(); st.HeldKeys != 1 || st.Dead != 2 {

@@ -18,7 +18,7 @@ import (
 // The backoff check runs once per row read, so it must be an index search,
 // not a scan; and the rows must come from the table's b-tree in id order,
 // without a sort. The dead letters are in a table of their own: the read
-// has none to walk over; with PendingQuery.HeldKeys, the hold check
+// has none to walk over; with PendingQuery.DeadLetterHolds, the hold check
 // searches their hold index.
 func TestPlanPendingReadUsesIndexes(t *testing.T) {
 	raw, err := modernc.Open(filepath.Join(t.TempDir(), "plans.db"), modernc.Config{})
@@ -54,8 +54,8 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 			{Limit: 2000},
 			{Partitions: 16, Owned: []int{0, 1, 2}, Exclude: []int64{1, 2, 3}, Limit: 2000},
 			{After: 1000, Limit: 2000},
-			{HeldKeys: true, Limit: 2000},
-			{HeldKeys: true, Partitions: 16, Owned: []int{0, 1, 2}, After: 1000, Limit: 2000},
+			{DeadLetterHolds: true, Limit: 2000},
+			{DeadLetterHolds: true, Partitions: 16, Owned: []int{0, 1, 2}, After: 1000, Limit: 2000},
 		} {
 			sel := read(q)
 			rows, err := raw.QueryContext(ctx, "EXPLAIN QUERY PLAN "+sel.SQL, sel.Args...)
@@ -79,7 +79,7 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 			if !strings.Contains(plan, "SEARCH p USING INDEX "+strings.Trim(d.OutboxTable(), `"`)+"_retry_idx") {
 				t.Fatalf("%s: the backoff check does not search the retry index:\n%s\n%s", name, plan, sel.SQL)
 			}
-			if q.HeldKeys && !strings.Contains(plan, "SEARCH h USING INDEX "+strings.Trim(d.OutboxTable(), `"`)+"_deadhold_idx") {
+			if q.DeadLetterHolds && !strings.Contains(plan, "SEARCH h USING INDEX "+strings.Trim(d.OutboxTable(), `"`)+"_deadhold_idx") {
 				t.Fatalf("%s: the hold check does not search the hold index:\n%s\n%s", name, plan, sel.SQL)
 			}
 			for _, s := range steps {
