@@ -101,8 +101,7 @@ type Config struct {
 	// holds column), so every instance, a restarted one, the millbox
 	// command and the admin page see it; every instance of one outbox
 	// must use the same value. Defaults to false: a dead letter's key
-	// goes on with its next message. The change-data-capture source
-	// (forwarder/cdc) refuses it.
+	// goes on with its next message.
 	DeadLetterHoldsKey bool
 	// KeepForwarded moves published rows to the table of forwarded rows
 	// kept for audit (the outbox's name with _kept, with the time they

@@ -84,11 +84,13 @@
 //     holds column, migration 6), so every instance and a restarted one
 //     see it; ops.HeldKeys, millbox dead held, the admin page and
 //     MetricOutboxHeldKeys show the held keys and what waits behind them.
-//     Every instance of one outbox must agree on the option. Polling only:
-//     cdc.Source refuses it. A held key costs every read a look-up in the
-//     dead letters' hold index per keyed row, and its waiting rows are
-//     walked by each read, and keep the read floor below them (see
-//     Reading a large outbox), until it is released.
+//     Every instance of one outbox must agree on the option. With Polling,
+//     a held key costs every read a look-up in the dead letters' hold
+//     index per keyed row, and its waiting rows are walked by each read
+//     and keep the read floor below them (see Reading a large outbox)
+//     until it is released; with cdc.Source a held key is read from the
+//     table, as a key whose row failed, every PollInterval until it is
+//     released, so a discard takes effect within a PollInterval.
 //   - Independent keys. A slow, failing or hanging Publish holds back only
 //     its own key: reads and calls for every other key go on while it
 //     hangs. A call that has not returned within PublishTimeout counts as a

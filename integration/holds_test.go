@@ -52,11 +52,13 @@ func (r *rejecting) Publish(topic string, msgs ...*message.Message) error {
 	return r.Publisher.Publish(topic, msgs...)
 }
 
-// holdOutbox is one database's outbox for the hold tests.
+// holdOutbox is one database's outbox for the hold tests, and the
+// source its forwarders read it with (nil: Polling).
 type holdOutbox struct {
 	name string
 	db   sqladapters.DB
 	d    sqladapters.Dialect
+	src  forwarder.Source
 }
 
 func holdOutboxes(t *testing.T) []holdOutbox {
@@ -65,9 +67,9 @@ func holdOutboxes(t *testing.T) []holdOutbox {
 	raw := testenv.MySQL(t)
 	lite := stdsql.WrapDB(testenv.SQLite(t, testenv.SQLitePath(t)))
 	return []holdOutbox{
-		{"postgres", pg, testenv.PostgresDialect(t, pg, pool, postgres.Options{})},
-		{"mariadb", stdsql.WrapDB(raw), testenv.MySQLDialect(t, raw, mysql.Options{})},
-		{"sqlite", lite, testenv.SQLiteDialect(t, lite, sqlite.Options{})},
+		{"postgres", pg, testenv.PostgresDialect(t, pg, pool, postgres.Options{}), nil},
+		{"mariadb", stdsql.WrapDB(raw), testenv.MySQLDialect(t, raw, mysql.Options{}), nil},
+		{"sqlite", lite, testenv.SQLiteDialect(t, lite, sqlite.Options{}), nil},
 	}
 }
 
@@ -102,9 +104,13 @@ func newHoldFixture(t *testing.T, o holdOutbox, hold bool) *holdFixture {
 // start runs a forwarder instance and returns its stop.
 func (f *holdFixture) start() (stop func()) {
 	f.t.Helper()
+	var src forwarder.Source = forwarder.Polling{Partitions: 4, LeaseTTL: 2 * time.Second}
+	if f.o.src != nil {
+		src = f.o.src
+	}
 	fw, err := forwarder.New(forwarder.Config{
 		DB: f.o.db, Dialect: f.o.d, Destination: f.dest,
-		Source:             forwarder.Polling{Partitions: 4, LeaseTTL: 2 * time.Second},
+		Source:             src,
 		MaxAttempts:        3,
 		MinBackoff:         10 * time.Millisecond,
 		MaxBackoff:         50 * time.Millisecond,
@@ -226,7 +232,20 @@ func (f *holdFixture) heldKeys() []ops.HeldKey {
 // lets its key go on. Without the option, the key goes on past its dead
 // letter.
 func TestDeadLetterHoldsKey(t *testing.T) {
-	for _, o := range holdOutboxes(t) {
+	outboxes := holdOutboxes(t)
+	// The same on PostgreSQL with the change-data-capture source, each
+	// case with a slot of its own.
+	cdcOutbox := func(t *testing.T) holdOutbox {
+		e := newCDCEnv(t)
+		e.setup(t, testenv.Ctx(t, time.Minute))
+		return holdOutbox{"cdc", e.db, e.d, e.src}
+	}
+	t.Run("cdc", func(t *testing.T) {
+		t.Run("requeue", func(t *testing.T) { holdRequeue(t, cdcOutbox(t)) })
+		t.Run("discard", func(t *testing.T) { holdDiscard(t, cdcOutbox(t)) })
+		t.Run("off", func(t *testing.T) { holdOff(t, cdcOutbox(t)) })
+	})
+	for _, o := range outboxes {
 		t.Run(o.name, func(t *testing.T) {
 			t.Run("requeue", func(t *testing.T) { holdRequeue(t, o) })
 			t.Run("discard", func(t *testing.T) { holdDiscard(t, o) })
@@ -266,10 +285,13 @@ func holdRequeue(t *testing.T, o holdOutbox) {
 
 	// A message of the key written while it is held waits too, behind
 	// the earlier ones.
-	// Reads from the first row, every PollInterval, move the forwarder's
-	// floor past the rows it delivered; the held ones must stay above it.
+	// Reads from the first row, every PollInterval, move the polling
+	// forwarder's floor past the rows it delivered; the held ones must
+	// stay above it.
 	f.wait(f.publish("other", 9, 9)...)
-	f.waitReads(50)
+	if f.o.src == nil {
+		f.waitReads(50)
+	}
 	held = append(held, f.publish("held", 6, 6)...)
 
 	f.dest.reject(held[1], false)
@@ -293,7 +315,7 @@ func holdRequeue(t *testing.T, o holdOutbox) {
 
 func holdDiscard(t *testing.T, o holdOutbox) {
 	f := newHoldFixture(t, o, true)
-	f.start()
+	stop := f.start()
 	held := f.publish("held", 1, 4, 2)
 	other := f.publish("other", 1, 3)
 	dl := f.dead(held[1])
@@ -303,12 +325,27 @@ func holdDiscard(t *testing.T, o holdOutbox) {
 	if got := f.seqs("held"); !slices.Equal(got, []int{1}) {
 		t.Fatalf("key held behind its dead letter delivered %v, want [1]", got)
 	}
-	if n, err := f.ops.Discard(f.ctx, ops.Filter{IDs: []int64{dl.ID}}, ops.ChangeOptions{}); err != nil || n != 1 {
+	// A key held with nothing behind it holds a message written later,
+	// also by a forwarder started after it died.
+	lone := f.publish("lone", 1, 2, 2)
+	loneDead := f.dead(lone[1])
+	f.wait(lone[0])
+	stop()
+	f.start()
+	lone = append(lone, f.publish("lone", 3, 3)...)
+	f.wait(f.publish("other", 6, 6)...)
+	if got := f.seqs("lone"); !slices.Equal(got, []int{1}) {
+		t.Fatalf("key held with nothing behind its dead letter delivered %v, want [1]", got)
+	}
+	if n, err := f.ops.Discard(f.ctx, ops.Filter{IDs: []int64{dl.ID, loneDead.ID}}, ops.ChangeOptions{}); err != nil || n != 2 {
 		t.Fatalf("discard: %d, %v", n, err)
 	}
-	f.wait(held[2:]...)
+	f.wait(append(held[2:], lone[2])...)
 	if got := f.seqs("held"); !slices.Equal(got, []int{1, 3, 4}) {
 		t.Fatalf("key after discard delivered %v, want [1 3 4]", got)
+	}
+	if got := f.seqs("lone"); !slices.Equal(got, []int{1, 3}) {
+		t.Fatalf("key after discard delivered %v, want [1 3]", got)
 	}
 	if ks := f.heldKeys(); len(ks) != 0 {
 		t.Fatalf("held keys after discard: %+v", ks)

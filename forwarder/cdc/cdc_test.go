@@ -56,11 +56,6 @@ func TestSourceRejectsBadConfig(t *testing.T) {
 	if _, err := validSource().Open(source.Env{Dialect: postgres.MustNew(postgres.Options{})}); err != nil {
 		t.Fatalf("postgres dialect: %v", err)
 	}
-	// Dead letters that hold their keys are the polling source's only.
-	_, err = validSource().Open(source.Env{Dialect: postgres.MustNew(postgres.Options{}), DeadLetterHolds: true})
-	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "DeadLetterHoldsKey") {
-		t.Fatalf("DeadLetterHoldsKey: %v", err)
-	}
 }
 
 func TestDefaults(t *testing.T) {

@@ -144,12 +144,6 @@ func (s Source) Open(env source.Env) (source.Source, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	if env.DeadLetterHolds {
-		// The stream delivers a key's rows as they commit; holding them
-		// behind a dead letter would need every handed key's read to
-		// honour the holds too.
-		return nil, fmt.Errorf("%w: forwarder.Config.DeadLetterHoldsKey works with the Polling source only; cdc.Source does not hold keys behind dead letters", ErrInvalidConfig)
-	}
 	lg, err := logical(env.Dialect)
 	if err != nil {
 		return nil, err

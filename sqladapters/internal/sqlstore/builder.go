@@ -254,14 +254,16 @@ type Logical interface {
 	// and the bytes of WAL it retains (no row when it does not exist).
 	Slot(slot string) sqladapters.Query
 	// PendingKeys selects the mark (lsn, xmin) and, per distinct key of
-	// the pending rows, whether it is a key and the key ('' without one);
-	// one row of NULL keys when none is pending.
-	PendingKeys() sqladapters.Query
+	// the pending rows (with holds, and of the dead letters that hold
+	// their keys), whether it is a key and the key ('' without one); one
+	// row of NULL keys when there is none.
+	PendingKeys(holds bool) sqladapters.Query
 	// ReadKeys selects the mark and the pending rows of the keys (a text
 	// array parameter) in id order, with whether each is due, the seconds
-	// until it is, and its age in microseconds; one row of NULL row
-	// columns when none matches.
-	ReadKeys(keys []string, unkeyed bool, limit int) sqladapters.Query
+	// until it is, its age in microseconds and false; with holds, the dead
+	// letters that hold those keys among them, with true last; one row of
+	// NULL row columns when none matches.
+	ReadKeys(keys []string, unkeyed bool, limit int, holds bool) sqladapters.Query
 	// EmitCheck selects one row: wal_level, server_version_num, whether a
 	// logical slot exists in the database, the prefix of the outbox's
 	// logical decoding messages and the name of its id sequence.
