@@ -109,9 +109,9 @@ AND (id = ? OR next_attempt_at <= ` + now + `)`,
 	}
 	if f.Dead {
 		return []sqladapters.Query{{
-			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, dead_at, holds)
-SELECT ` + messageColumns + `, ?, ?, ?, ` + now + `, ? AND COALESCE(` + "`key`, '') <> ''" + ` FROM ` + d.outbox + ` WHERE id = ?`,
-			Args: []any{f.Attempts, text, fp[:], f.Hold, f.ID},
+			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, dead_at` + holdsColumn(f) + `)
+SELECT ` + messageColumns + `, ?, ?, ?, ` + now + holdsValue(f) + ` FROM ` + d.outbox + ` WHERE id = ?`,
+			Args: []any{f.Attempts, text, fp[:], f.ID},
 		}, unmark, {
 			SQL:  `DELETE FROM ` + d.outbox + ` WHERE id = ?`,
 			Args: []any{f.ID},
@@ -126,6 +126,24 @@ WHERE id = ?`,
 SELECT key_hash, id, next_attempt_at FROM ` + d.outbox + " WHERE id = ? AND `key` IS NOT NULL",
 		Args: []any{f.ID},
 	}}
+}
+
+// holdsColumn and holdsValue add the holds column to a dead letter's
+// insert when it holds its key, true for a row with a key. Only then:
+// forwarders without Config.DeadLetterHoldsKey record failures on a
+// schema before version 6 too, as during an upgrade.
+func holdsColumn(f sqladapters.Failure) string {
+	if f.Hold {
+		return `, holds`
+	}
+	return ``
+}
+
+func holdsValue(f sqladapters.Failure) string {
+	if f.Hold {
+		return ", COALESCE(`key`, '') <> ''"
+	}
+	return ``
 }
 
 // cleanText makes s storable in a utf8mb4 TEXT column under strict mode:

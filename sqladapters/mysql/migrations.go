@@ -133,7 +133,9 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		// key's hash up in hold_idx. MySQL has no partial indexes: the
 		// index holds every dead letter, those that hold their key under
 		// holds = 1. Both changes run in place, without copying the
-		// table.
+		// table. Processes of this version read the column (status, dead
+		// letters): apply it before they start, or let them run Migrate
+		// at start. Older processes work on it unchanged.
 		Statements: d.alterIfMissingIn(d.opts.OutboxTable+"_dead", "holds",
 			`ALTER TABLE `+d.dead+` ADD COLUMN holds BOOLEAN NOT NULL DEFAULT FALSE, ADD KEY hold_idx (holds, key_hash, id)`),
 	})

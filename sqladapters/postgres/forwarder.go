@@ -122,15 +122,26 @@ func idArray(ids []int64) string {
 
 // RecordFailure stores the attempt count, error and its fingerprint, and
 // the next attempt time; a dead row moves to the dead letters' table in
-// one statement, holding its key with f.Hold.
+// one statement, holding its key with f.Hold. Only a dead letter that
+// holds its key names the holds column, so that forwarders without
+// Config.DeadLetterHoldsKey record failures on a schema before version 6
+// too, as during an upgrade.
 func (d *sqlDialect) RecordFailure(f sqladapters.Failure) []sqladapters.Query {
 	fp := sqladapters.FingerprintError(f.Error)
-	if f.Dead {
+	if f.Dead && f.Hold {
 		return []sqladapters.Query{{
 			SQL: `WITH m AS (DELETE FROM ` + d.outbox + ` WHERE id = $1 RETURNING ` + messageColumns + `)
 INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, holds)
-SELECT m.*, $2, $3, $4::bytea, $5::boolean AND coalesce(m.key, '') <> '' FROM m`,
-			Args: []any{f.ID, f.Attempts, f.Error, fp[:], f.Hold},
+SELECT m.*, $2, $3, $4::bytea, coalesce(m.key, '') <> '' FROM m`,
+			Args: []any{f.ID, f.Attempts, f.Error, fp[:]},
+		}}
+	}
+	if f.Dead {
+		return []sqladapters.Query{{
+			SQL: `WITH m AS (DELETE FROM ` + d.outbox + ` WHERE id = $1 RETURNING ` + messageColumns + `)
+INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp)
+SELECT m.*, $2, $3, $4::bytea FROM m`,
+			Args: []any{f.ID, f.Attempts, f.Error, fp[:]},
 		}}
 	}
 	return []sqladapters.Query{{

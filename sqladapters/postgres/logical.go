@@ -240,13 +240,13 @@ func (d *sqlDialect) writeRun(table int, ms []sqladapters.WrittenMessage) sqlada
 	values := b.String()
 	var q string
 	switch table {
-	case writtenDead, writtenHeld:
-		holds := `false`
-		if table == writtenHeld {
-			holds = `key IS NOT NULL`
-		}
+	case writtenDead:
+		q = `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp)
+SELECT id, topic, uuid, payload, metadata, key, key_hash, created_at, attempts, last_error, error_fp FROM ` + values + `
+ON CONFLICT DO NOTHING`
+	case writtenHeld:
 		q = `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, holds)
-SELECT id, topic, uuid, payload, metadata, key, key_hash, created_at, attempts, last_error, error_fp, ` + holds + ` FROM ` + values + `
+SELECT id, topic, uuid, payload, metadata, key, key_hash, created_at, attempts, last_error, error_fp, key IS NOT NULL FROM ` + values + `
 ON CONFLICT DO NOTHING`
 	case writtenKept:
 		q = `INSERT INTO ` + d.kept + ` (` + messageColumns + `)

@@ -122,6 +122,9 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 			// The pending read looks a key's hash up here for every row
 			// it returns; the index holds only the dead letters that hold
 			// their keys, so it stays small and is built in moments.
+			// Processes of this version read the column (status, dead
+			// letters): apply it before they start, or let them run
+			// Migrate at start. Older processes work on it unchanged.
 			`CREATE INDEX IF NOT EXISTS ` + quote(t+deadHoldSuffix) + ` ON ` + d.dead + ` (key_hash, id) WHERE holds`,
 		},
 	})

@@ -97,9 +97,9 @@ func (d *sqlDialect) RecordFailure(f sqladapters.Failure) []sqladapters.Query {
 	fp := sqladapters.FingerprintError(f.Error)
 	if f.Dead {
 		return []sqladapters.Query{{
-			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, holds)
-SELECT ` + messageColumns + `, ?, ?, ?, ? AND coalesce(key, '') <> '' FROM ` + d.outbox + ` WHERE id = ?`,
-			Args: []any{f.Attempts, f.Error, fp[:], f.Hold, f.ID},
+			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp` + holdsColumn(f) + `)
+SELECT ` + messageColumns + `, ?, ?, ?` + holdsValue(f) + ` FROM ` + d.outbox + ` WHERE id = ?`,
+			Args: []any{f.Attempts, f.Error, fp[:], f.ID},
 		}, {
 			SQL:  `DELETE FROM ` + d.outbox + ` WHERE id = ?`,
 			Args: []any{f.ID},
@@ -111,6 +111,24 @@ SELECT ` + messageColumns + `, ?, ?, ?, ? AND coalesce(key, '') <> '' FROM ` + d
 WHERE id = ?`,
 		Args: []any{f.Attempts, f.Error, fp[:], offset(f.Backoff), f.ID},
 	}}
+}
+
+// holdsColumn and holdsValue add the holds column to a dead letter's
+// insert when it holds its key, 1 for a row with a key. Only then:
+// forwarders without Config.DeadLetterHoldsKey record failures on a
+// schema before version 6 too, as during an upgrade.
+func holdsColumn(f sqladapters.Failure) string {
+	if f.Hold {
+		return `, holds`
+	}
+	return ``
+}
+
+func holdsValue(f sqladapters.Failure) string {
+	if f.Hold {
+		return `, coalesce(key, '') <> ''`
+	}
+	return ``
 }
 
 // RequeueDeadLetters moves dead letters back into the outbox under their

@@ -143,7 +143,9 @@ ON CONFLICT (id) DO NOTHING`,
 		// Config.DeadLetterHoldsKey holds its key: the pending read
 		// leaves out the key's later rows while it is there, looking the
 		// key's hash up in the hold index, which holds only such dead
-		// letters.
+		// letters. Processes of this version read the column (status,
+		// dead letters): apply it before they start, or let them run
+		// Migrate at start. Older processes work on it unchanged.
 		Statements: []string{
 			`ALTER TABLE ` + d.dead + ` ADD COLUMN holds INTEGER NOT NULL DEFAULT 0`,
 			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_deadhold_idx") + ` ON ` + d.dead + ` (key_hash, id) WHERE holds = 1`,
