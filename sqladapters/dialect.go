@@ -165,6 +165,9 @@ type Dialect interface {
 	// Failure.Hold), in the order of their dead letters' ids, with the
 	// messages waiting behind each. It reads the outbox once.
 	HeldKeys(ctx context.Context, e Executor, limit int) ([]HeldKey, error)
+	// CountHeldKeys counts the keys held by dead letters, reading only
+	// the dead letters that hold their keys.
+	CountHeldKeys(ctx context.Context, e Executor) (int64, error)
 	// DiscardDeadLetters deletes the given dead letters and reports how
 	// many; a row requeued meanwhile stays.
 	DiscardDeadLetters(ctx context.Context, e Executor, ids []int64) (int64, error)

@@ -14,5 +14,10 @@ func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	GREATEST(
 		COALESCE((SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY o.id LIMIT 1), 0),
 		COALESCE((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0)),
-	(SELECT COUNT(DISTINCT ` + "`key`" + `) FROM ` + d.dead + ` FORCE INDEX (hold_idx) WHERE holds = 1)`}
+	(` + d.CountHeldKeys().SQL + `)`}
+}
+
+// CountHeldKeys counts the keys held by dead letters, through hold_idx.
+func (d *sqlDialect) CountHeldKeys() sqladapters.Query {
+	return sqladapters.Query{SQL: "SELECT COUNT(DISTINCT `key`) FROM " + d.dead + ` FORCE INDEX (hold_idx) WHERE holds = 1`}
 }

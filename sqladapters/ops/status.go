@@ -57,11 +57,9 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 		st.ForwardedKept += t.ForwardedKept
 		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
 	}
-	outbox, err := o.d.OutboxStats(ctx, o.db)
-	if err != nil {
+	if st.HeldKeys, err = o.d.CountHeldKeys(ctx, o.db); err != nil {
 		return Status{}, fail("status of the outbox", err)
 	}
-	st.HeldKeys = outbox.HeldKeys
 	if st.Consumers, err = o.d.InboxStats(ctx, o.db); err != nil {
 		return Status{}, fail("status of the inbox", err)
 	}

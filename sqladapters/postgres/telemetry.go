@@ -17,5 +17,11 @@ func (d *sqlDialect) OutboxStats() sqladapters.Query {
 		(SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY id LIMIT 1),
 		(SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1),
 		0),
-	(SELECT count(DISTINCT key) FROM ` + d.dead + ` WHERE holds)`}
+	(` + d.CountHeldKeys().SQL + `)`}
+}
+
+// CountHeldKeys counts the keys held by dead letters, through the hold
+// index.
+func (d *sqlDialect) CountHeldKeys() sqladapters.Query {
+	return sqladapters.Query{SQL: `SELECT count(DISTINCT key) FROM ` + d.dead + ` WHERE holds`}
 }

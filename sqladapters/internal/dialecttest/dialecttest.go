@@ -52,6 +52,7 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 		"SelectPendingExcl":  d.SelectPending(sqladapters.PendingQuery{Exclude: []int64{5, 6}, Limit: 10}),
 		"SelectPendingHeld":  d.SelectPending(sqladapters.PendingQuery{DeadLetterHolds: true, SkipKeys: []string{"k"}, Limit: 10}),
 		"SelectHeldKeys":     d.SelectHeldKeys(10),
+		"CountHeldKeys":      d.CountHeldKeys(),
 		"OutboxStats":        d.OutboxStats(),
 		"CountPartitions":    d.CountPartitions(),
 		"Heartbeat":          d.Heartbeat("i", time.Second),

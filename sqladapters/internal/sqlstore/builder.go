@@ -134,6 +134,8 @@ type Builder interface {
 	// of the lowest id of its holding dead letters, at most limit: the
 	// key, that id, and the key's outbox rows with higher ids.
 	SelectHeldKeys(limit int) sqladapters.Query
+	// CountHeldKeys selects the number of keys held by dead letters.
+	CountHeldKeys() sqladapters.Query
 	// SelectDeadLetterIDs selects the ids (one bigint column) of the dead
 	// rows f selects with id > afterID, in id order, at most limit.
 	SelectDeadLetterIDs(f sqladapters.DeadLetterFilter, afterID int64, limit int) sqladapters.Query

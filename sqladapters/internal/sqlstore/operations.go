@@ -152,6 +152,11 @@ func (s *Store) HeldKeys(ctx context.Context, e sqladapters.Executor, limit int)
 	return out, err
 }
 
+// CountHeldKeys implements sqladapters.Dialect.
+func (s *Store) CountHeldKeys(ctx context.Context, e sqladapters.Executor) (int64, error) {
+	return s.queryInt(ctx, e, s.b.CountHeldKeys())
+}
+
 // CountDeadLetters implements sqladapters.Dialect.
 func (s *Store) CountDeadLetters(ctx context.Context, e sqladapters.Executor, f sqladapters.DeadLetterFilter) (int64, error) {
 	return s.queryInt(ctx, e, s.b.CountDeadLetters(f))

@@ -176,6 +176,9 @@ func testHeldKeysCount(e *env) {
 	if st := e.stats(); st.HeldKeys != 2 {
 		e.t.Fatalf("stats with two held keys: %+v", st)
 	}
+	if n, err := e.d.CountHeldKeys(e.ctx, e.db); err != nil || n != 2 {
+		e.t.Fatalf("CountHeldKeys: %d, %v; want 2", n, err)
+	}
 	ks, err := e.d.HeldKeys(e.ctx, e.db, 1)
 	e.check(err, "HeldKeys")
 	if !slices.Equal(ks, want[:1]) {
