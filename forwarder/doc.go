@@ -297,8 +297,7 @@
 // context read, until the application installs an SDK.
 // RegisterOutboxMetrics reports the pending rows, the dead letters, the
 // keys they hold and the age of the oldest pending row of an outbox as
-// gauges, whether or not a
-// forwarder runs; HealthHandler serves liveness and readiness checks from
+// gauges, whether or not a forwarder runs; HealthHandler serves liveness and readiness checks from
 // a StatusSource such as a Forwarder. No attribute names a message or an
 // ordering key. examples/observability in the repository exports the
 // metrics to Prometheus and ships a Grafana dashboard and alerts checked

@@ -347,8 +347,8 @@ type Failure struct {
 	// Dead moves the row to the dead letters.
 	Dead bool
 	// Hold, with Dead, makes the dead letter hold its key: reads with
-	// PendingQuery.DeadLetterHolds leave out the key's later rows until it is
-	// requeued or discarded. A row without a key holds nothing.
+	// PendingQuery.DeadLetterHolds leave out the key's later rows until it
+	// is requeued or discarded. A row without a key holds nothing.
 	Hold bool
 }
 

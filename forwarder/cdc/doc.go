@@ -72,9 +72,8 @@
 //   - Backlogs and restarts. When a reader becomes active, every key with a
 //     pending row in the table, or held by a dead letter, starts handed to
 //     polling (rows written before the slot existed, rows a previous
-//     reader left). Rows of the
-//     stream that a previous reader already published are not published
-//     again.
+//     reader left). Rows of the stream that a previous reader already
+//     published are not published again.
 //   - Requeued dead letters. A requeue (sqladapters/ops) moves dead letters
 //     back into the outbox under their ids, with requeued_at set; the
 //     stream sees the insert and hands the row's key to polling, which

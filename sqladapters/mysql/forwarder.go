@@ -26,9 +26,10 @@ const (
 // with equal keys have equal hashes (the hash also places the key in its
 // partition), and a marker whose row is gone marks nothing.
 //
-// With q.DeadLetterHolds, a row whose key has an earlier dead letter holding it
-// is left out too, through the dead letters' hold_idx, whose entries of
-// dead letters that hold nothing sort apart from those that do.
+// With q.DeadLetterHolds, a row whose key has an earlier dead letter
+// holding it is left out too, through the dead letters' hold_idx, whose
+// entries of dead letters that hold nothing sort apart from those that
+// do.
 //
 // The primary keys are forced: the optimizer, going by statistics, may
 // otherwise sort the outbox instead of reading it in id order, or scan the

@@ -31,9 +31,10 @@ const retrying = `attempts > 0 AND dead_at IS NULL AND published_at IS NULL`
 // compares every row with the whole list, ten times slower than reading
 // those rows. Ids are never NULL, so NOT IN means what it says.
 //
-// With q.DeadLetterHolds, a row whose key has an earlier dead letter holding it
-// is left out the same way: its key's hash is looked up in the dead
-// letters' hold index, which holds only dead letters that hold their key.
+// With q.DeadLetterHolds, a row whose key has an earlier dead letter
+// holding it is left out the same way: its key's hash is looked up in the
+// dead letters' hold index, which holds only dead letters that hold their
+// key.
 func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
 	var args []any

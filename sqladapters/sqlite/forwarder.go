@@ -23,11 +23,11 @@ const retrying = `attempts > 0 AND dead_at IS NULL AND published_at IS NULL`
 // the key's hash up in the retry index, which holds only rows waiting for
 // a retry, and then compares the full keys: the index stays small whatever
 // the keys' length, and a key sharing another's hash is not held back.
-// With q.DeadLetterHolds, a row whose key has an earlier dead letter holding it
-// is left out the same way, through the dead letters' hold index, which
-// holds only those. Lists of partitions and ids travel as one JSON array
-// each (json_each), so the SQL text depends only on which filters are
-// set.
+// With q.DeadLetterHolds, a row whose key has an earlier dead letter
+// holding it is left out the same way, through the dead letters' hold
+// index, which holds only those. Lists of partitions and ids travel as one
+// JSON array each (json_each), so the SQL text depends only on which
+// filters are set.
 //
 // The current time is a parameter, taken once: SQLite evaluates 'now'
 // afresh for each row a statement steps through, so a retry's backoff
