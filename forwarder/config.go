@@ -92,6 +92,17 @@ type Config struct {
 	// attempts. Defaults to DefaultMaxAttempts; a negative value retries
 	// forever.
 	MaxAttempts int
+	// DeadLetterHoldsKey makes a dead letter hold its ordering key: the
+	// key's later messages wait in the outbox until the dead letter is
+	// requeued, and then go after it, in order, or discarded, and then go
+	// on. So a key's consumers see 1, 2, 3, 4, never 1, 3, 4 and then 2.
+	// Other keys keep flowing; messages without a key hold nothing. The
+	// hold is stored with the dead letter (the dead letters' holds
+	// column), so every instance, a restarted one, the millbox command
+	// and the admin page see it; every instance of one outbox must use
+	// the same value. It needs the schema of migration 6. Defaults to
+	// false: a dead letter's key goes on with its next message.
+	DeadLetterHoldsKey bool
 	// KeepForwarded moves published rows to the table of forwarded rows
 	// kept for audit (the outbox's name with _kept, with the time they
 	// were published), instead of deleting them; ops.Prune deletes them

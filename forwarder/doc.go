@@ -69,10 +69,28 @@
 //     one call in flight at most, and a key whose message failed holds its
 //     later messages back until that message is retried. Keys of any length
 //     work. Order breaks when a message is dead-lettered (later messages of
-//     its key go ahead; a requeued one arrives after them), when
-//     forwarders disagree on Polling.Partitions (the second refuses to
-//     start), or when an instance is frozen inside a call for longer than
-//     its lease.
+//     its key go ahead; a requeued one arrives after them) unless dead
+//     letters hold their keys (below), when forwarders disagree on
+//     Polling.Partitions (the second refuses to start), or when an
+//     instance is frozen inside a call for longer than its lease.
+//   - Dead letters that hold their keys. With Config.DeadLetterHoldsKey, a
+//     key's dead letter holds the key's later messages in the outbox until
+//     an operator requeues or discards it (sqladapters/ops, millbox dead
+//     requeue or discard, the admin page): requeued, it goes out first
+//     under its own id and the held messages follow in order, so a
+//     consumer sees 1, 2, 3, 4, never 1, 3, 4 and 2 later; discarded, the
+//     key goes on with 3. Other keys keep flowing, and messages without a
+//     key hold nothing. The hold is stored with the dead letter (its
+//     holds column, migration 6), so every instance and a restarted one
+//     see it; ops.HeldKeys, millbox dead held, the admin page and
+//     MetricOutboxHeldKeys show the held keys and what waits behind them.
+//     Every instance of one outbox must agree on the option. With Polling,
+//     a held key costs every read a look-up in the dead letters' hold
+//     index per keyed row, and its waiting rows are walked by each read
+//     and keep the read floor below them (see Reading a large outbox)
+//     until it is released; with cdc.Source a held key is read from the
+//     table, as a key whose row failed, every PollInterval until it is
+//     released, so a discard takes effect within a PollInterval.
 //   - Independent keys. A slow, failing or hanging Publish holds back only
 //     its own key: reads and calls for every other key go on while it
 //     hangs. A call that has not returned within PublishTimeout counts as a
@@ -259,8 +277,10 @@
 // after it. Where a look fails (a sequence with CACHE above 1, a role that
 // may not read the sequence), the forwarder logs why and reads from the
 // first row. Rows handed back to the outbox (a failed attempt, a lane given
-// up) and rows waiting for a retry lower the floor, so a key's order
-// holds. The floor relies on each row's transaction having its
+// up), rows waiting for a retry and, with Config.DeadLetterHoldsKey, dead
+// letters that hold their keys lower the floor, so a key's order holds
+// (a requeued dead letter and the messages its key held are read above
+// it). The floor relies on each row's transaction having its
 // transaction id before the row's id is drawn, which millbox's publisher
 // ensures. A row inserted into the outbox table by other means, in a
 // transaction that has written nothing before, could in a rare race be
@@ -275,9 +295,9 @@
 // records the Metric instruments and a send span per Publish call through
 // the OpenTelemetry API: nothing is measured or traced, and no trace
 // context read, until the application installs an SDK.
-// RegisterOutboxMetrics reports the pending rows, the dead letters and the
-// age of the oldest pending row of an outbox as gauges, whether or not a
-// forwarder runs; HealthHandler serves liveness and readiness checks from
+// RegisterOutboxMetrics reports the pending rows, the dead letters, the
+// keys they hold and the age of the oldest pending row of an outbox as
+// gauges, whether or not a forwarder runs; HealthHandler serves liveness and readiness checks from
 // a StatusSource such as a Forwarder. No attribute names a message or an
 // ordering key. examples/observability in the repository exports the
 // metrics to Prometheus and ships a Grafana dashboard and alerts checked

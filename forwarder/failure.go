@@ -43,12 +43,14 @@ func (f *Forwarder) recordFailure(row *source.Row, cause error) (dead bool, err 
 // failureOf returns the failure record of a failed attempt of row.
 func (f *Forwarder) failureOf(row *source.Row, cause error) sqladapters.Failure {
 	attempts := row.Attempts + 1
+	dead := failure.IsPermanent(cause) || (f.cfg.MaxAttempts > 0 && attempts >= f.cfg.MaxAttempts)
 	return sqladapters.Failure{
 		ID:       row.ID,
 		Attempts: attempts,
 		Error:    failure.Text(cause),
 		Backoff:  failure.Backoff(attempts, f.cfg.MinBackoff, f.cfg.MaxBackoff, f.cfg.BackoffJitter),
-		Dead:     failure.IsPermanent(cause) || (f.cfg.MaxAttempts > 0 && attempts >= f.cfg.MaxAttempts),
+		Dead:     dead,
+		Hold:     dead && f.cfg.DeadLetterHoldsKey && row.Keyed,
 	}
 }
 

@@ -67,17 +67,18 @@ func New(cfg Config) (*Forwarder, error) {
 		f.txDest = cfg.Destination.(TxDestination)
 	}
 	f.src, err = cfg.Source.Open(source.Env{
-		DB:           cfg.DB,
-		Dialect:      cfg.Dialect,
-		Logger:       cfg.Logger,
-		BatchSize:    cfg.BatchSize,
-		PollInterval: cfg.PollInterval,
-		CloseTimeout: cfg.CloseTimeout,
-		Meter:        tel.meter,
-		Attrs:        tel.base,
-		ReportError:  f.reportError,
-		Read:         f.read,
-		ExactlyOnce:  cfg.ExactlyOnce,
+		DB:              cfg.DB,
+		Dialect:         cfg.Dialect,
+		Logger:          cfg.Logger,
+		BatchSize:       cfg.BatchSize,
+		PollInterval:    cfg.PollInterval,
+		CloseTimeout:    cfg.CloseTimeout,
+		Meter:           tel.meter,
+		Attrs:           tel.base,
+		ReportError:     f.reportError,
+		Read:            f.read,
+		ExactlyOnce:     cfg.ExactlyOnce,
+		DeadLetterHolds: cfg.DeadLetterHoldsKey,
 	})
 	if err != nil {
 		return nil, err

@@ -30,6 +30,9 @@ type Status struct {
 	// Pending and Dead count the rows of the outbox (every instance's).
 	Pending int64
 	Dead    int64
+	// HeldKeys counts the ordering keys held by a dead letter
+	// (Config.DeadLetterHoldsKey).
+	HeldKeys int64
 	// OldestPendingAge is the age of the oldest pending row, 0 when
 	// nothing is pending, negative when the dialect cannot tell.
 	OldestPendingAge time.Duration
@@ -92,6 +95,7 @@ type statusDetail struct {
 	LastErrorAt             *time.Time `json:"last_error_at,omitempty"`
 	Pending                 int64      `json:"pending"`
 	Dead                    int64      `json:"dead"`
+	HeldKeys                int64      `json:"held_keys,omitempty"`
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds,omitempty"`
 }
 
@@ -102,6 +106,7 @@ func newStatusDetail(s Status) *statusDetail {
 		LastError:  s.LastError,
 		Pending:    s.Pending,
 		Dead:       s.Dead,
+		HeldKeys:   s.HeldKeys,
 	}
 	if d.Partitions == nil {
 		d.Partitions = []int{}

@@ -34,6 +34,13 @@ import (
 //     row, and the later rows of its key it holds back, become due without
 //     a new insert (the second look catches a failure recorded during the
 //     read, by an instance whose lease on the partition just ran out);
+//   - with Config.DeadLetterHoldsKey, one below the lowest dead letter
+//     holding its key, in either look: the key's later rows, which the
+//     reads leave out meanwhile, become due when it is requeued (back
+//     under its own id) or discarded, and must be read in id order from
+//     it. A key held for long keeps the floor there: reads then walk
+//     the index entries from it, as where the dialect reports no
+//     horizon;
 //   - one below every row this forwarder handed back to the outbox since
 //     the head read started (a failed attempt, a lane given up, a delete
 //     given up): they are pending again.
@@ -103,6 +110,7 @@ const firstLooks = 100 * time.Millisecond
 // floorState is the dispatcher's part of the above.
 type floorState struct {
 	on       bool // the dialect reports a horizon
+	holds    bool // dead letters hold their keys (Config.DeadLetterHoldsKey)
 	floor    int64
 	chain    horizonChain
 	lastHead time.Time
@@ -139,7 +147,11 @@ func (s *floorState) headRead(before sqladapters.Horizon, rows []sqladapters.Out
 	if len(rows) > 0 {
 		f = min(f, rows[0].ID-1)
 	}
-	for _, r := range []int64{before.RetryMin, after.RetryMin} {
+	lows := []int64{before.RetryMin, after.RetryMin}
+	if s.holds {
+		lows = append(lows, before.HoldMin, after.HoldMin)
+	}
+	for _, r := range lows {
 		if r > 0 {
 			f = min(f, r-1)
 		}

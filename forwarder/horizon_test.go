@@ -146,3 +146,29 @@ func TestFloorStateOff(t *testing.T) {
 		t.Fatalf("without a horizon: head %v after %d, want plain reads", head, after)
 	}
 }
+
+// TestFloorStateHolds: with dead letters holding their keys, the lowest
+// of them bounds the floor, seen before the read or after, so the rows
+// its key holds, and the dead letter requeued under its id, are read
+// above it; without the option a dead letter bounds nothing.
+func TestFloorStateHolds(t *testing.T) {
+	poll := time.Second
+	t0 := time.Unix(1000, 0)
+	for _, holds := range []bool{true, false} {
+		s := floorState{on: true, holds: holds}
+		s.next(nil, t0, poll)
+		s.headRead(sqladapters.Horizon{Mark: 100, XMin: 5, XID: 5}, nil, sqladapters.Horizon{Mark: 100, XMin: 5, XID: 6})
+		s.next(nil, t0.Add(poll), poll)
+		s.headRead(sqladapters.Horizon{Mark: 120, XMin: 9, XID: 9, HoldMin: 40}, nil, sqladapters.Horizon{Mark: 120, XMin: 9, XID: 10, HoldMin: 40})
+		want := map[bool]int64{true: 39, false: 100}[holds]
+		if s.floor != want {
+			t.Fatalf("holds %v: floor %d with a dead letter 40 holding its key, want %d", holds, s.floor, want)
+		}
+		s.next(nil, t0.Add(2*poll), poll)
+		s.headRead(sqladapters.Horizon{Mark: 130, XMin: 20, XID: 20}, nil, sqladapters.Horizon{Mark: 130, XMin: 20, XID: 21, HoldMin: 45})
+		want = map[bool]int64{true: 44, false: 120}[holds]
+		if s.floor != want {
+			t.Fatalf("holds %v: floor %d with a dead letter 45 seen after the read, want %d", holds, s.floor, want)
+		}
+	}
+}

@@ -49,12 +49,12 @@ func (o OutboxMetricsOptions) Validate() error {
 	return nil
 }
 
-// RegisterOutboxMetrics reports the outbox of d as three observable gauges
+// RegisterOutboxMetrics reports the outbox of d as four observable gauges
 // of mp (otel.GetMeterProvider() when nil), with the attribute
-// millbox.outbox.table: MetricOutboxPending, MetricOutboxOldestPendingAge
-// and MetricOutboxDeadLetters. Each collection runs at most one cheap
-// statement on db (sqladapters.Dialect.OutboxStats), and none when the
-// last read is younger than MinInterval. A failed read is logged and its
+// millbox.outbox.table: MetricOutboxPending, MetricOutboxOldestPendingAge,
+// MetricOutboxDeadLetters and MetricOutboxHeldKeys. Each collection runs
+// at most one cheap statement on db (sqladapters.Dialect.OutboxStats), and
+// none when the last read is younger than MinInterval. A failed read is logged and its
 // collection reports nothing for this outbox.
 //
 // The gauges do not depend on a forwarder: register them once per outbox
@@ -86,7 +86,10 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 	dead, err3 := meter.Int64ObservableGauge(MetricOutboxDeadLetters,
 		metric.WithUnit("{message}"),
 		metric.WithDescription("Dead letters of the outbox: rows that exhausted their attempts."))
-	if err := errors.Join(err1, err2, err3); err != nil {
+	held, err4 := meter.Int64ObservableGauge(MetricOutboxHeldKeys,
+		metric.WithUnit("{key}"),
+		metric.WithDescription("Ordering keys held by a dead letter: their later messages wait until it is requeued or discarded."))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return nil, err
 	}
 	attrs := metric.WithAttributes(AttrOutboxTable.String(tableLabel(d)))
@@ -100,9 +103,10 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 		}
 		o.ObserveInt64(pending, s.Pending, attrs)
 		o.ObserveInt64(dead, s.Dead, attrs)
+		o.ObserveInt64(held, s.HeldKeys, attrs)
 		o.ObserveFloat64(age, s.OldestPendingAge.Seconds(), attrs)
 		return nil
-	}, pending, age, dead)
+	}, pending, age, dead, held)
 	if err != nil {
 		return nil, err
 	}

@@ -126,7 +126,7 @@ func (p Polling) Open(env source.Env) (source.Source, error) {
 	if env.ExactlyOnce {
 		s.acquired, s.acquireCh = map[int]bool{}, make(chan struct{}, 1)
 	}
-	s.floor.on = env.Dialect.Features().Horizon
+	s.floor.on, s.floor.holds = env.Dialect.Features().Horizon, env.DeadLetterHolds
 	if l, ok := env.DB.(sqladapters.Listener); ok && env.Dialect.NotifyChannel() != "" {
 		s.listener, s.channel = l, env.Dialect.NotifyChannel()
 	}
@@ -413,7 +413,7 @@ func (p *poller) maybeRead() {
 	for id := range p.inflight {
 		exclude = append(exclude, id)
 	}
-	q := sqladapters.PendingQuery{Partitions: p.cfg.Partitions, Owned: owned, Limit: p.env.BatchSize, Exclude: exclude}
+	q := sqladapters.PendingQuery{Partitions: p.cfg.Partitions, Owned: owned, Limit: p.env.BatchSize, Exclude: exclude, DeadLetterHolds: p.env.DeadLetterHolds}
 	head, after := p.floor.next(owned, time.Now(), p.env.PollInterval)
 	q.After = after
 	if !head {

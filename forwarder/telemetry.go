@@ -59,6 +59,10 @@ const (
 	MetricOutboxOldestPendingAge = "millbox.outbox.oldest_pending_age"
 	// MetricOutboxDeadLetters is the number of dead letters of the outbox.
 	MetricOutboxDeadLetters = "millbox.outbox.dead_letters"
+	// MetricOutboxHeldKeys is the number of ordering keys held by a dead
+	// letter (Config.DeadLetterHoldsKey): their later messages wait until
+	// it is requeued or discarded.
+	MetricOutboxHeldKeys = "millbox.outbox.held_keys"
 )
 
 // Attribute keys that the semantic conventions do not define.
@@ -438,6 +442,7 @@ func (t *telemetry) status(running bool, partitions []int, stats sqladapters.Out
 		Partitions:       partitions,
 		Pending:          stats.Pending,
 		Dead:             stats.Dead,
+		HeldKeys:         stats.HeldKeys,
 		OldestPendingAge: stats.OldestPendingAge,
 	}
 	s.LastPublish, s.LastError, s.LastErrorAt = t.health()

@@ -47,10 +47,10 @@ func (c *countingExecutor) Query(ctx context.Context, q string, args ...any) (sq
 
 // outboxGauges is one collection of the outbox gauges.
 type outboxGauges struct {
-	pending, dead int64
-	age           float64
-	table         string
-	found         bool
+	pending, dead, held int64
+	age                 float64
+	table               string
+	found               bool
 }
 
 func collectOutboxGauges(t *testing.T, r *sdkmetric.ManualReader) outboxGauges {
@@ -72,6 +72,8 @@ func collectOutboxGauges(t *testing.T, r *sdkmetric.ManualReader) outboxGauges {
 						g.pending = dp.Value
 					case forwarder.MetricOutboxDeadLetters:
 						g.dead = dp.Value
+					case forwarder.MetricOutboxHeldKeys:
+						g.held = dp.Value
 					}
 				}
 			case metricdata.Gauge[float64]:
@@ -96,6 +98,16 @@ func newManualMeter(t *testing.T) (*sdkmetric.ManualReader, *sdkmetric.MeterProv
 // publishRows writes n messages to topic in one committed transaction.
 func publishRows(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, topic string, n int) {
 	t.Helper()
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	}
+	publishMessages(t, ctx, db, d, topic, msgs...)
+}
+
+// publishMessages writes msgs to topic in one committed transaction.
+func publishMessages(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, topic string, msgs ...*message.Message) {
+	t.Helper()
 	tx, err := db.Begin(ctx, sql.TxOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -104,10 +116,6 @@ func publishRows(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladap
 	pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
 	if err != nil {
 		t.Fatal(err)
-	}
-	msgs := make([]*message.Message, n)
-	for i := range msgs {
-		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	}
 	if err := pub.Publish(topic, msgs...); err != nil {
 		t.Fatal(err)
@@ -176,6 +184,21 @@ func outboxMetricsSuite(t *testing.T, env conformance.Env) {
 	}
 	if stats != (sqladapters.OutboxStats{Dead: 1}) {
 		t.Fatalf("stats %+v disagree with the gauges, 1 dead and nothing pending", stats)
+	}
+
+	// A dead letter that holds its key counts one held key; one without
+	// a key holds nothing.
+	msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	msg.Metadata.Set(forwarder.DefaultKeyMetadataField, "customer-7")
+	publishMessages(t, ctx, env.DB, d, "orders", msg)
+	publishRows(t, ctx, env.DB, d, "orders", 1)
+	for _, r := range conformance.ReadPending(t, ctx, env.DB, d) {
+		if _, err := d.RecordFailure(ctx, env.DB, sqladapters.Failure{ID: r.ID, Attempts: 3, Error: "rejected", Dead: true, Hold: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g = collectOutboxGauges(t, reader); g.pending != 0 || g.dead != 3 || g.held != 1 {
+		t.Fatalf("after a dead letter holding its key: %+v", g)
 	}
 
 	if err := unregister(); err != nil {

@@ -103,14 +103,16 @@ type Dialect interface {
 	// check that notifications arrive. It fails with
 	// errors.ErrUnsupported when NotifyChannel is "".
 	NotifyProbe(ctx context.Context, e Executor) error
-	// OutboxStats counts the pending rows and the dead letters and
-	// measures how long the oldest pending row has waited, in one cheap
-	// statement.
+	// OutboxStats counts the pending rows, the dead letters and the keys
+	// they hold, and measures how long the oldest pending row has waited,
+	// in one cheap statement.
 	OutboxStats(ctx context.Context, e Executor) (OutboxStats, error)
 	// RequeueDeadLetters moves the given dead letters back into the
 	// outbox, under their ids, pending with zero attempts and due now, and
 	// reports how many it moved. Their last error stays until they are
-	// published; the outbox records when they were requeued.
+	// published; the outbox records when they were requeued. A dead letter
+	// that held its key is then read before the key's later rows, whose
+	// ids are higher.
 	RequeueDeadLetters(ctx context.Context, e Executor, ids []int64) (int64, error)
 
 	// EnsurePartitions creates the lease rows 0..n-1 that are missing.
@@ -159,6 +161,13 @@ type Dialect interface {
 	// GroupDeadLetters groups the dead letters f selects by last error,
 	// most rows first, at most limit groups.
 	GroupDeadLetters(ctx context.Context, e Executor, f DeadLetterFilter, limit int) ([]ErrorGroup, error)
+	// HeldKeys lists up to limit keys held by a dead letter (see
+	// Failure.Hold), in the order of their dead letters' ids, with the
+	// messages waiting behind each. It reads the outbox once.
+	HeldKeys(ctx context.Context, e Executor, limit int) ([]HeldKey, error)
+	// CountHeldKeys counts the keys held by dead letters, reading only
+	// the dead letters that hold their keys.
+	CountHeldKeys(ctx context.Context, e Executor) (int64, error)
 	// DiscardDeadLetters deletes the given dead letters and reports how
 	// many; a row requeued meanwhile stays.
 	DiscardDeadLetters(ctx context.Context, e Executor, ids []int64) (int64, error)
@@ -260,6 +269,10 @@ type Horizon struct {
 	// Such a row and the later rows of its key become due without being
 	// inserted again.
 	RetryMin int64
+	// HoldMin is the lowest id of a dead letter that holds its key (0:
+	// none; see Failure.Hold). The later rows of its key become due
+	// without being inserted again when it is requeued or discarded.
+	HoldMin int64
 }
 
 // Migration is one versioned step of the millbox schema.
@@ -315,7 +328,12 @@ type PendingQuery struct {
 	// forwarder holds back itself (a call that hangs), so that their
 	// backlog does not fill the read.
 	SkipKeys []string
-	Limit    int
+	// DeadLetterHolds leaves out the rows whose key has a dead letter
+	// with a lower id that holds it (Failure.Hold), looked up through an
+	// index of the dead letters that hold their keys
+	// (forwarder.Config.DeadLetterHoldsKey).
+	DeadLetterHolds bool
+	Limit           int
 }
 
 // Failure records one failed publish of a row.
@@ -328,6 +346,10 @@ type Failure struct {
 	Backoff time.Duration
 	// Dead moves the row to the dead letters.
 	Dead bool
+	// Hold, with Dead, makes the dead letter hold its key: reads with
+	// PendingQuery.DeadLetterHolds leave out the key's later rows until it
+	// is requeued or discarded. A row without a key holds nothing.
+	Hold bool
 }
 
 // DeadLetter is a row that exhausted its attempts. Its Payload and
@@ -340,4 +362,8 @@ type DeadLetter struct {
 	Fingerprint ErrorFingerprint
 	CreatedAt   time.Time
 	DeadAt      time.Time
+	// Holds tells that the dead letter holds its key (Failure.Hold): a
+	// forwarder with forwarder.Config.DeadLetterHoldsKey publishes none of
+	// the key's later rows until it is requeued or discarded.
+	Holds bool
 }

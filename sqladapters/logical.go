@@ -35,13 +35,16 @@ type Logical interface {
 	// confirmed position. ok is false when the slot does not exist.
 	Slot(ctx context.Context, e Executor, slot string) (s SlotState, ok bool, err error)
 
-	// PendingKeys returns the keys that have pending rows, with the mark
-	// of the statement's snapshot.
-	PendingKeys(ctx context.Context, e Executor) (StreamMark, []StreamKey, error)
+	// PendingKeys returns the keys that have pending rows, and with holds
+	// the keys held by dead letters (Failure.Hold), with the mark of the
+	// statement's snapshot.
+	PendingKeys(ctx context.Context, e Executor, holds bool) (StreamMark, []StreamKey, error)
 	// ReadKeys returns up to limit pending rows of the given keys (and of
 	// rows without a key, when unkeyed is set), in id order, those waiting
-	// for a retry included, with the mark of the statement's snapshot.
-	ReadKeys(ctx context.Context, e Executor, keys []string, unkeyed bool, limit int) (StreamMark, []KeyedRow, error)
+	// for a retry included, with the mark of the statement's snapshot. With
+	// holds, the dead letters that hold the given keys come among them, in
+	// id order, as rows with Holds set.
+	ReadKeys(ctx context.Context, e Executor, keys []string, unkeyed bool, limit int, holds bool) (StreamMark, []KeyedRow, error)
 	// Emit writes records of the outbox without a table in tx: each a
 	// transactional logical decoding message (pg_logical_emit_message) of
 	// prefix EmitPrefix followed by the outbox table's oid, which commits
@@ -159,4 +162,8 @@ type KeyedRow struct {
 	// its retry waits.
 	Due  bool
 	Wait time.Duration
+	// Holds tells that the row is not pending but a dead letter that
+	// holds its key: the key's later rows wait behind it. Only its id and
+	// key are read.
+	Holds bool
 }

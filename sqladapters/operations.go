@@ -20,6 +20,22 @@ type OutboxStats struct {
 	// that the age costs an index lookup, and the lowest one never
 	// requeued, so that an old row behind a fresh requeue still shows.
 	OldestPendingAge time.Duration
+	// HeldKeys counts the ordering keys held by a dead letter
+	// (forwarder.Config.DeadLetterHoldsKey): their later messages wait
+	// until it is requeued or discarded. Zero in TopicStats.
+	HeldKeys int64
+}
+
+// HeldKey is an ordering key held by a dead letter (see
+// forwarder.Config.DeadLetterHoldsKey): a forwarder publishes none of its
+// later messages until the dead letter is requeued or discarded.
+type HeldKey struct {
+	Key string
+	// DeadLetterID is the id of the dead letter holding the key, the
+	// lowest when several do.
+	DeadLetterID int64
+	// Held counts the key's messages waiting in the outbox behind it.
+	Held int64
 }
 
 // TopicStats is the outbox of one topic.

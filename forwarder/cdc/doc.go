@@ -38,7 +38,11 @@
 // are plain lower-case identifiers; anything else is refused. The outbox
 // table, the outbox Publisher, dead letters and their requeue are the same
 // as with polling: an application switches sources by changing
-// forwarder.Config.Source alone.
+// forwarder.Config.Source alone. So are dead letters that hold their keys
+// (forwarder.Config.DeadLetterHoldsKey): a held key is handed to polling
+// (below) and stays there while its dead letter holds it, its rows after
+// the dead letter left in the table; the read of the handed keys finds
+// its requeue or discard.
 //
 // # Guarantees
 //
@@ -57,17 +61,19 @@
 //     forwarder (attempts, last error, backoff, dead letter after
 //     MaxAttempts) and its key is handed to polling: the key's later rows
 //     stay in the table and a read of the handed keys publishes them in id
-//     order, honouring the backoff, passing over dead letters. A key goes
+//     order, honouring the backoff, passing over dead letters (stopping at
+//     one that holds its key, with forwarder.Config.DeadLetterHoldsKey:
+//     the key stays handed until it is requeued or discarded). A key goes
 //     back to the stream when a read of the table finds no pending row of
 //     it, the forwarder holds nothing of it, every row the stream left to
 //     polling for it was visible to that read, and the stream has passed
 //     the WAL position taken in that read: none is skipped and none
 //     published twice.
 //   - Backlogs and restarts. When a reader becomes active, every key with a
-//     pending row in the table starts handed to polling (rows written
-//     before the slot existed, rows a previous reader left). Rows of the
-//     stream that a previous reader already published are not published
-//     again.
+//     pending row in the table, or held by a dead letter, starts handed to
+//     polling (rows written before the slot existed, rows a previous
+//     reader left). Rows of the stream that a previous reader already
+//     published are not published again.
 //   - Requeued dead letters. A requeue (sqladapters/ops) moves dead letters
 //     back into the outbox under their ids, with requeued_at set; the
 //     stream sees the insert and hands the row's key to polling, which

@@ -132,7 +132,7 @@ func (s *streamer) lead(ctx context.Context) error {
 		return fmt.Errorf("millbox cdc: read slot: %w", err)
 	}
 	s.confirmed.Store(st.Confirmed)
-	start, keys, err := s.lg.PendingKeys(ctx, s.env.DB)
+	start, keys, err := s.lg.PendingKeys(ctx, s.env.DB, s.env.DeadLetterHolds)
 	if err != nil {
 		return fmt.Errorf("millbox cdc: read pending keys: %w", err)
 	}

@@ -448,10 +448,10 @@ func (x *session) maybePoll() {
 		}
 	}
 	limit := x.s.env.BatchSize + x.pollRows
-	ctx, lg, db := x.ctx, x.s.lg, x.s.env.DB
+	ctx, lg, db, holds := x.ctx, x.s.lg, x.s.env.DB, x.s.env.DeadLetterHolds
 	go func() {
 		readAt := time.Now()
-		mark, rows, err := lg.ReadKeys(ctx, db, keys, withUnkeyed, limit)
+		mark, rows, err := lg.ReadKeys(ctx, db, keys, withUnkeyed, limit, holds)
 		res := pollResult{keys: keys, unkeyed: withUnkeyed, readAt: readAt, mark: mark, rows: rows, full: len(rows) >= limit, err: err}
 		x.s.e.Do(func() { x.onPoll(res) })
 	}()
@@ -521,6 +521,12 @@ func (x *session) handlePoll(r pollResult) {
 		h := x.handed[hk]
 		if h == nil {
 			continue // back with the stream since the read started
+		}
+		if row.Holds {
+			// A dead letter holds the key: its later rows wait, and the
+			// key stays with polling until it is requeued or discarded.
+			present[hk], blocked[hk] = true, true
+			continue
 		}
 		if slices.ContainsFunc(h.hidden, func(e *hiddenRow) bool { return e.id < row.ID }) {
 			// A message of the key with a lower id is being written:

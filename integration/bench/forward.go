@@ -223,7 +223,7 @@ func runForwardNoop(ctx context.Context, o options) error {
 		return err
 	}
 	dest := newCounting(n)
-	per, err := millboxForward(ctx, forwarder.Config{DB: db, Dialect: d, Destination: dest}, dest.all)
+	per, err := millboxForward(ctx, forwarder.Config{DB: db, Dialect: d, Destination: dest, DeadLetterHoldsKey: o.hold}, dest.all)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,8 @@ type options struct {
 	batch, concurrency int
 	// forwarder instances sharing the outbox in the forward case
 	instances int
+	// dead letters hold their keys (forwarder.Config.DeadLetterHoldsKey)
+	hold bool
 	// RabbitMQ publisher channel pool, 0 = the bench's default
 	channels int
 	// destination of the forward case: kafka, nats or redis
@@ -54,6 +56,7 @@ func main() {
 	flag.StringVar(&o.amqpURL, "amqp", env("MILLBOX_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.IntVar(&o.batch, "batch", 0, "millbox forwarder BatchSize (0 = default)")
 	flag.IntVar(&o.concurrency, "concurrency", 0, "millbox forwarder Concurrency (0 = default)")
+	flag.BoolVar(&o.hold, "hold", false, "forward-noop: dead letters hold their keys (forwarder.Config.DeadLetterHoldsKey)")
 	flag.IntVar(&o.instances, "instances", 1, "forward: millbox forwarders sharing the outbox (they split its partitions)")
 	flag.IntVar(&o.channels, "channels", 0, "RabbitMQ publisher channel pool size (0 = 64)")
 	flag.StringVar(&o.dest, "dest", "kafka", "forward: destination, kafka (kfake), nats (JetStream) or redis (streams)")

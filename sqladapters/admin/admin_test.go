@@ -938,3 +938,50 @@ func TestParamErrorsNameControlCharacters(t *testing.T) {
 		t.Fatalf("the unknown parameter is not named with its control character escaped:\n%s", problemOf(body))
 	}
 }
+
+// TestHeldKeysShown lists the keys held by dead letters on the overview,
+// with the messages waiting behind each and a link to the dead letter,
+// whose page says it holds its key; requeueing it releases the key. An
+// outbox without held keys shows neither the list nor its warning.
+func TestHeldKeysShown(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			f := newFixtureOn(t, b, func(*http.Request) bool { return true })
+			ctx := context.Background()
+			f.seed(t, "orders", "broker down", 1)
+			if _, body := f.get(t, "/admin/"); strings.Contains(body, `id="held"`) || strings.Contains(body, `id="warn-held"`) {
+				t.Fatalf("held keys shown without any:\n%s", body)
+			}
+			msgs := make([]sqladapters.OutboxMessage, 4)
+			for i := range msgs {
+				msgs[i] = sqladapters.OutboxMessage{Topic: "orders", UUID: fmt.Sprint("held-", i), Payload: []byte{}, Metadata: []byte(`{}`), Key: "customer <7>", KeyHash: 7}
+			}
+			if err := f.dialect.InsertOutbox(ctx, f.db, msgs); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := f.dialect.ReadPending(ctx, f.db, sqladapters.PendingQuery{Limit: 10}, false)
+			if err != nil || len(rows) != 4 {
+				t.Fatalf("pending: %d rows, %v", len(rows), err)
+			}
+			dead := rows[1].ID
+			if _, err := f.dialect.RecordFailure(ctx, f.db, sqladapters.Failure{ID: dead, Attempts: 3, Error: "refused", Dead: true, Hold: true}); err != nil {
+				t.Fatal(err)
+			}
+			_, body := f.get(t, "/admin/")
+			row := regexp.MustCompile(`<tr data-key="customer &lt;7&gt;"><td><code>customer &lt;7&gt;</code></td><td><a href="\./dead/(\d+)">\d+</a></td><td class="waiting">(\d+)</td></tr>`).FindStringSubmatch(body)
+			if row == nil || row[1] != fmt.Sprint(dead) || row[2] != "2" || !strings.Contains(body, `id="warn-held"`) {
+				t.Fatalf("the overview does not list the held key with its dead letter %d and 2 waiting messages:\n%s", dead, body)
+			}
+			if _, page := f.get(t, "/admin/dead/"+row[1]); !strings.Contains(page, `id="letter-holds"`) {
+				t.Fatalf("the dead letter's page does not say it holds its key:\n%s", page)
+			}
+			token := f.token(t, "/admin/")
+			if resp, _ := f.post(t, "/admin/requeue", url.Values{"token": {token}, "id": {row[1]}}, sameOrigin); resp.StatusCode != http.StatusSeeOther {
+				t.Fatalf("requeue: %d", resp.StatusCode)
+			}
+			if _, body := f.get(t, "/admin/"); strings.Contains(body, `id="held"`) || strings.Contains(body, `id="warn-held"`) {
+				t.Fatalf("held keys shown after the requeue:\n%s", body)
+			}
+		})
+	}
+}

@@ -113,6 +113,11 @@ func (s *store) status(ctx context.Context, w Warnings) (status, error) {
 		out.Warnings = append(out.Warnings, warning{"warn-dead", fmt.Sprintf(
 			"%d dead letter%s wait for an operator: requeue them once their cause is fixed, or discard them.", st.Dead, plural(st.Dead))})
 	}
+	if st.HeldKeys > 0 {
+		out.Warnings = append(out.Warnings, warning{"warn-held", fmt.Sprintf(
+			"%d ordering key%s held by dead letters: their later messages wait until the dead letter is requeued (it goes first, then they follow in order) or discarded.",
+			st.HeldKeys, map[bool]string{true: " is", false: "s are"}[st.HeldKeys == 1])})
+	}
 	if !w.IgnoreLeases && len(st.Owners) == 0 {
 		out.Warnings = append(out.Warnings, warning{"warn-no-forwarder",
 			"No forwarder holds a partition: none is running, so nothing is forwarded."})
@@ -131,6 +136,19 @@ func (s *store) groups(ctx context.Context, limit int) ([]ops.ErrorGroup, bool, 
 		return gs[:limit], true, nil
 	}
 	return gs, false, nil
+}
+
+// held returns the first limit keys held by dead letters and whether
+// there are more.
+func (s *store) held(ctx context.Context, limit int) ([]ops.HeldKey, bool, error) {
+	ks, err := s.ops.HeldKeys(ctx, limit+1)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(ks) > limit {
+		return ks[:limit], true, nil
+	}
+	return ks, false, nil
 }
 
 // letters returns a page of the dead letters f selects, without payloads

@@ -6,10 +6,13 @@
 // topic, the pending rows and how long the oldest has waited (a requeued
 // row waits from its requeue); the dead letters grouped by their last
 // error, each group and each message with its payload, metadata and
-// error; the inbox consumers; and which forwarder instance holds which
+// error; the keys held by dead letters
+// (forwarder.Config.DeadLetterHoldsKey) with the messages waiting behind
+// each; the inbox consumers; and which forwarder instance holds which
 // partition lease. It warns, per Config.Warnings, when the oldest pending
-// message is old, when dead letters wait, and when no forwarder holds a
-// partition, and can reload itself (Config.Refresh, or the page's links).
+// message is old, when dead letters wait, when they hold keys, and when
+// no forwarder holds a partition, and can reload itself (Config.Refresh,
+// or the page's links).
 // It reads through sqladapters/ops, so it works on every database millbox
 // supports.
 //

@@ -304,6 +304,11 @@ type overviewData struct {
 	Groups []ops.ErrorGroup
 	// GroupsCut is true when more groups exist than are shown.
 	GroupsCut bool
+	// Held lists the keys held by dead letters, read only when the
+	// status counts some; HeldCut is true when more exist than are
+	// shown.
+	Held    []ops.HeldKey
+	HeldCut bool
 	// Refresh is the reload interval in seconds, 0 when off, and
 	// RefreshChoices the ones the page offers.
 	Refresh        int64
@@ -322,6 +327,12 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request, q params) {
 	if d.Groups, d.GroupsCut, err = h.store.groups(ctx, h.cfg.GroupLimit); err != nil {
 		h.serverError(w, r, err)
 		return
+	}
+	if d.Status.HeldKeys > 0 {
+		if d.Held, d.HeldCut, err = h.store.held(ctx, h.cfg.GroupLimit); err != nil {
+			h.serverError(w, r, err)
+			return
+		}
 	}
 	refresh := h.cfg.Refresh
 	if q.refreshSet {

@@ -26,6 +26,11 @@ const (
 // with equal keys have equal hashes (the hash also places the key in its
 // partition), and a marker whose row is gone marks nothing.
 //
+// With q.DeadLetterHolds, a row whose key has an earlier dead letter
+// holding it is left out too, through the dead letters' hold_idx, whose
+// entries of dead letters that hold nothing sort apart from those that
+// do.
+//
 // The primary keys are forced: the optimizer, going by statistics, may
 // otherwise sort the outbox instead of reading it in id order, or scan the
 // markers, whose table is empty most of the time, for every row.
@@ -52,6 +57,12 @@ WHERE o.next_attempt_at <= ` + now)
 		for _, k := range q.SkipKeys {
 			args = append(args, k)
 		}
+	}
+	if q.DeadLetterHolds {
+		b.WriteString(`
+AND (o.` + "`key`" + ` IS NULL OR NOT EXISTS (
+	SELECT 1 FROM ` + d.dead + ` h FORCE INDEX (hold_idx)
+	WHERE h.holds = 1 AND h.key_hash = o.key_hash AND h.id < o.id AND h.` + "`key`" + ` = o.` + "`key`" + `))`)
 	}
 	b.WriteString(`
 AND (o.` + "`key`" + ` IS NULL OR NOT EXISTS (
@@ -85,7 +96,7 @@ func idIn[T int | int64](col string, ids []T) string {
 
 // RecordFailure stores the attempt count, error and next attempt time,
 // and marks a keyed row as waiting for a retry; a dead row moves to the
-// dead letters' table. Either way the key hash's markers of this row and
+// dead letters' table, holding its key with f.Hold. Either way the key hash's markers of this row and
 // of retries already due go: a marker outlives its row only when the row
 // was published while it waited (a call past PublishTimeout that
 // delivered after all), and then until its key fails again.
@@ -99,8 +110,8 @@ AND (id = ? OR next_attempt_at <= ` + now + `)`,
 	}
 	if f.Dead {
 		return []sqladapters.Query{{
-			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, dead_at)
-SELECT ` + messageColumns + `, ?, ?, ?, ` + now + ` FROM ` + d.outbox + ` WHERE id = ?`,
+			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, dead_at` + holdsColumn(f) + `)
+SELECT ` + messageColumns + `, ?, ?, ?, ` + now + holdsValue(f) + ` FROM ` + d.outbox + ` WHERE id = ?`,
 			Args: []any{f.Attempts, text, fp[:], f.ID},
 		}, unmark, {
 			SQL:  `DELETE FROM ` + d.outbox + ` WHERE id = ?`,
@@ -116,6 +127,24 @@ WHERE id = ?`,
 SELECT key_hash, id, next_attempt_at FROM ` + d.outbox + " WHERE id = ? AND `key` IS NOT NULL",
 		Args: []any{f.ID},
 	}}
+}
+
+// holdsColumn and holdsValue add the holds column to a dead letter's
+// insert when it holds its key, true for a row with a key. Only then:
+// forwarders without Config.DeadLetterHoldsKey record failures on a
+// schema before version 6 too, as during an upgrade.
+func holdsColumn(f sqladapters.Failure) string {
+	if f.Hold {
+		return `, holds`
+	}
+	return ``
+}
+
+func holdsValue(f sqladapters.Failure) string {
+	if f.Hold {
+		return ", COALESCE(`key`, '') <> ''"
+	}
+	return ``
 }
 
 // cleanText makes s storable in a utf8mb4 TEXT column under strict mode:

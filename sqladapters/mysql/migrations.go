@@ -124,6 +124,21 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		Name:       "dead letters and kept rows in tables of their own",
 		Statements: d.ownTables(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 6,
+		Name:    "dead letters that hold their keys",
+		// A dead letter recorded by a forwarder with
+		// Config.DeadLetterHoldsKey holds its key: the pending read
+		// leaves out the key's later rows while it is there, looking the
+		// key's hash up in hold_idx. MySQL has no partial indexes: the
+		// index holds every dead letter, those that hold their key under
+		// holds = 1. Both changes run in place, without copying the
+		// table. Processes of this version read the column (status, dead
+		// letters): apply it before they start, or let them run Migrate
+		// at start. Older processes work on it unchanged.
+		Statements: d.alterIfMissingIn(d.opts.OutboxTable+"_dead", "holds",
+			`ALTER TABLE `+d.dead+` ADD COLUMN holds BOOLEAN NOT NULL DEFAULT FALSE, ADD KEY hold_idx (holds, key_hash, id)`),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}
@@ -220,8 +235,14 @@ func fingerprintSQL(t string) string {
 // chosen in SQL and run as a prepared statement. The table names are
 // validated identifiers, so they embed in a string literal as they are.
 func (d *sqlDialect) alterIfMissing(column, alter string) []string {
+	return d.alterIfMissingIn(d.opts.OutboxTable, column, alter)
+}
+
+// alterIfMissingIn is alterIfMissing for the table named table (unquoted,
+// unqualified).
+func (d *sqlDialect) alterIfMissingIn(table, column, alter string) []string {
 	return d.alterWhen(`(SELECT COUNT(*) FROM information_schema.columns
-	WHERE table_schema = `+d.schemaExpr()+` AND LOWER(table_name) = LOWER('`+d.opts.OutboxTable+`') AND column_name = '`+column+`') = 0`, alter)
+	WHERE table_schema = `+d.schemaExpr()+` AND LOWER(table_name) = LOWER('`+table+`') AND column_name = '`+column+`') = 0`, alter)
 }
 
 // alterWhen returns the statements that run alter when the SQL condition

@@ -103,7 +103,7 @@ func (d *sqlDialect) deadFrom(f sqladapters.DeadLetterFilter) string {
 // deadColumns are the columns of a dead letter without its payload and
 // metadata, and payloadColumns those two.
 const (
-	deadColumns    = "o.id, o.topic, o.uuid, o.`key`, o.attempts, COALESCE(o.last_error, ''), o.error_fp, o.created_at, o.dead_at"
+	deadColumns    = "o.id, o.topic, o.uuid, o.`key`, o.attempts, COALESCE(o.last_error, ''), o.error_fp, o.created_at, o.dead_at, o.holds"
 	payloadColumns = `, o.payload, o.metadata`
 )
 
@@ -129,6 +129,19 @@ func (d *sqlDialect) SelectDeadLetterIDs(f sqladapters.DeadLetterFilter, afterID
 	return sqladapters.Query{
 		SQL:  `SELECT o.id FROM ` + d.deadFrom(f) + ` WHERE ` + where + ` AND o.id > ? ORDER BY o.id LIMIT ?`,
 		Args: append(args, afterID, limit),
+	}
+}
+
+// SelectHeldKeys lists the keys held by dead letters, through hold_idx,
+// and counts the outbox rows waiting behind each in one join with the
+// outbox, which has no index on keys.
+func (d *sqlDialect) SelectHeldKeys(limit int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: "SELECT h.`key`, h.id, COUNT(o.id)\nFROM (SELECT `key`, key_hash, MIN(id) AS id FROM " + d.dead + ` FORCE INDEX (hold_idx) WHERE holds = 1
+	GROUP BY ` + "`key`" + `, key_hash ORDER BY MIN(id) LIMIT ?) h
+LEFT JOIN ` + d.outbox + ` o ON o.key_hash = h.key_hash AND o.` + "`key` = h.`key`" + ` AND o.id > h.id
+GROUP BY h.` + "`key`" + `, h.id ORDER BY h.id`,
+		Args: []any{limit},
 	}
 }
 

@@ -21,7 +21,8 @@ import (
 // a table, reading a batch would cost batch × backlog. It must look the
 // key hash up in the retry markers' primary key and their rows up in the
 // outbox's, also while the markers' table is empty, as it is most of the
-// time.
+// time; with PendingQuery.DeadLetterHolds, the hold check looks the key hash up
+// in the dead letters' hold_idx.
 func TestPlanPendingReadUsesIndexes(t *testing.T) {
 	raw := mysqltest.DB(t)
 	db := stdsql.WrapDB(raw)
@@ -44,14 +45,24 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 		for _, q := range []sqladapters.PendingQuery{
 			{Limit: 2000},
 			{Partitions: 16, Owned: []int{0, 1, 2}, Exclude: []int64{1, 2, 3}, Limit: 2000},
+			{DeadLetterHolds: true, Limit: 2000},
+			{DeadLetterHolds: true, Partitions: 16, Owned: []int{0, 1, 2}, After: 100, Limit: 2000},
 		} {
 			sel := read(q)
 			plan := planRows(t, ctx, raw, "EXPLAIN "+sel.SQL, sel.Args...)
-			if len(plan) != 3 {
-				t.Fatalf("%s: plan has %d rows, want 3: %v\n%s", name, len(plan), plan, sel.SQL)
+			want := 3
+			if q.DeadLetterHolds {
+				want = 4
+			}
+			if len(plan) != want {
+				t.Fatalf("%s: plan has %d rows, want %d: %v\n%s", name, len(plan), want, plan, sel.SQL)
 			}
 			for _, r := range plan {
-				if r["type"] == "ALL" || r["key"] != "PRIMARY" || regexp.MustCompile(`filesort|temporary`).MatchString(r["Extra"]) {
+				index := "PRIMARY"
+				if r["table"] == "h" {
+					index = "hold_idx"
+				}
+				if r["type"] == "ALL" || r["key"] != index || regexp.MustCompile(`filesort|temporary`).MatchString(r["Extra"]) {
 					t.Fatalf("%s: table %s: access %s via %q (%s), want the primary key\n%v\n%s", name, r["table"], r["type"], r["key"], r["Extra"], plan, sel.SQL)
 				}
 			}

@@ -58,6 +58,24 @@ func (o *Ops) GroupDeadLetters(ctx context.Context, f Filter, limit int) ([]Erro
 	return gs, fail("group dead letters", err)
 }
 
+// HeldKey is an ordering key held by a dead letter.
+type HeldKey = sqladapters.HeldKey
+
+// HeldKeys lists the keys held by dead letters (see
+// forwarder.Config.DeadLetterHoldsKey), at most limit (0 means
+// DefaultListLimit), in the order of their dead letters' ids, each with
+// the number of messages waiting behind it. Requeue the dead letter to
+// send it and then them, in order, or Discard it to let them go on. It
+// reads the outbox once.
+func (o *Ops) HeldKeys(ctx context.Context, limit int) ([]HeldKey, error) {
+	limit, err := limitOf(limit)
+	if err != nil {
+		return nil, err
+	}
+	ks, err := o.d.HeldKeys(ctx, o.db, limit)
+	return ks, fail("list held keys", err)
+}
+
 // ChangeOptions tunes Requeue and Discard.
 type ChangeOptions struct {
 	// BatchSize is the number of rows changed per statement. Defaults to
@@ -73,7 +91,9 @@ type ChangeOptions struct {
 // returns how many it requeued.
 // The zero Filter requeues every dead letter. Preview with
 // CountDeadLetters. A requeued row goes out as soon as a forwarder reads
-// it: rows of its key published while it was dead have gone ahead of it.
+// it: rows of its key published while it was dead have gone ahead of it,
+// unless it held its key (forwarder.Config.DeadLetterHoldsKey): then it
+// goes first, and the key's messages held behind it follow in order.
 // The outbox records when it was requeued, and its pending age counts
 // from then (Status, the admin page, the outbox metrics); its created
 // time stays the message's.
@@ -83,7 +103,8 @@ func (o *Ops) Requeue(ctx context.Context, f Filter, opts ChangeOptions) (int64,
 
 // Discard deletes the dead letters f selects, batch by batch in id order,
 // and returns how many it deleted. The zero Filter discards every dead
-// letter. Preview with CountDeadLetters.
+// letter. Preview with CountDeadLetters. A key a discarded dead letter
+// held goes on with its next message.
 func (o *Ops) Discard(ctx context.Context, f Filter, opts ChangeOptions) (int64, error) {
 	return o.change(ctx, "discard dead letters", f, opts, o.d.DiscardDeadLetters)
 }

@@ -16,7 +16,11 @@
 // error and is skipped, and later rows of its key go ahead. Requeue makes
 // it pending again with a fresh attempt count; it then arrives after the
 // messages of its key that went ahead (its age counts from the requeue).
-// Discard deletes it. Prune deletes forwarded rows kept for audit
+// Discard deletes it. A dead letter recorded by a forwarder with
+// forwarder.Config.DeadLetterHoldsKey holds its key instead: the key's
+// later rows wait behind it (HeldKeys lists the held keys and counts
+// them), Requeue sends it first and them after it, in order, and Discard
+// lets them go on. Prune deletes forwarded rows kept for audit
 // (forwarder.Config.KeepForwarded) and inbox records older than a cut-off.
 // The runnable examples of package sqladapters/sqlite/modernc show a dead
 // letter requeued (Example_ops) and the admin page (Example_adminPage).

@@ -12,7 +12,8 @@ import (
 // statements, so under load they may not add up exactly.
 type Status struct {
 	// OutboxStats sums Topics: the pending rows and dead letters of every
-	// topic, and how long the oldest pending row has waited.
+	// topic, and how long the oldest pending row has waited; and counts
+	// the keys held by dead letters (list them with Ops.HeldKeys).
 	sqladapters.OutboxStats
 	// Retrying rows are pending rows that failed at least once.
 	Retrying int64
@@ -55,6 +56,9 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 		st.Dead += t.Dead
 		st.ForwardedKept += t.ForwardedKept
 		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
+	}
+	if st.HeldKeys, err = o.d.CountHeldKeys(ctx, o.db); err != nil {
+		return Status{}, fail("status of the outbox", err)
 	}
 	if st.Consumers, err = o.d.InboxStats(ctx, o.db); err != nil {
 		return Status{}, fail("status of the inbox", err)

@@ -30,6 +30,11 @@ const retrying = `attempts > 0 AND dead_at IS NULL AND published_at IS NULL`
 // custom plan; under the generic plan a prepared statement settles on, it
 // compares every row with the whole list, ten times slower than reading
 // those rows. Ids are never NULL, so NOT IN means what it says.
+//
+// With q.DeadLetterHolds, a row whose key has an earlier dead letter
+// holding it is left out the same way: its key's hash is looked up in the
+// dead letters' hold index, which holds only dead letters that hold their
+// key.
 func (d *sqlDialect) SelectPending(q sqladapters.PendingQuery) sqladapters.Query {
 	var b strings.Builder
 	var args []any
@@ -50,6 +55,12 @@ WHERE o.next_attempt_at <= now()`)
 	if len(q.SkipKeys) > 0 {
 		b.WriteString(` AND (o.key IS NULL OR o.key <> ALL($` + strconv.Itoa(len(args)+1) + `::text[]))`)
 		args = append(args, textArray(q.SkipKeys))
+	}
+	if q.DeadLetterHolds {
+		b.WriteString(`
+AND (o.key IS NULL OR NOT EXISTS (
+	SELECT 1 FROM ` + d.dead + ` h
+	WHERE h.key_hash = o.key_hash AND h.id < o.id AND h.holds AND h.key = o.key))`)
 	}
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
@@ -112,9 +123,20 @@ func idArray(ids []int64) string {
 
 // RecordFailure stores the attempt count, error and its fingerprint, and
 // the next attempt time; a dead row moves to the dead letters' table in
-// one statement.
+// one statement, holding its key with f.Hold. Only a dead letter that
+// holds its key names the holds column, so that forwarders without
+// Config.DeadLetterHoldsKey record failures on a schema before version 6
+// too, as during an upgrade.
 func (d *sqlDialect) RecordFailure(f sqladapters.Failure) []sqladapters.Query {
 	fp := sqladapters.FingerprintError(f.Error)
+	if f.Dead && f.Hold {
+		return []sqladapters.Query{{
+			SQL: `WITH m AS (DELETE FROM ` + d.outbox + ` WHERE id = $1 RETURNING ` + messageColumns + `)
+INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, holds)
+SELECT m.*, $2, $3, $4::bytea, coalesce(m.key, '') <> '' FROM m`,
+			Args: []any{f.ID, f.Attempts, f.Error, fp[:]},
+		}}
+	}
 	if f.Dead {
 		return []sqladapters.Query{{
 			SQL: `WITH m AS (DELETE FROM ` + d.outbox + ` WHERE id = $1 RETURNING ` + messageColumns + `)
@@ -227,7 +249,9 @@ func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapter
 // xmin, the transaction id the statement takes (pg_current_xact_id gives
 // its autocommit transaction one; it commits without waiting for a disk
 // flush, as it writes nothing else), the lowest id waiting for a retry,
-// through retry_idx, which holds only such rows, and how many ids the
+// through retry_idx, which holds only such rows, the lowest id of a dead
+// letter holding its key, through the hold index, which holds only those,
+// and how many ids the
 // sequence hands each session at once (its CACHE).
 func (d *sqlDialect) PendingHorizon() sqladapters.Query {
 	return sqladapters.Query{
@@ -235,6 +259,7 @@ func (d *sqlDialect) PendingHorizon() sqladapters.Query {
 	pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
 	pg_current_xact_id()::text::bigint,
 	coalesce((SELECT min(id) FROM ` + d.outbox + ` WHERE ` + retrying + `), 0),
+	coalesce((SELECT min(id) FROM ` + d.dead + ` WHERE holds), 0),
 	(SELECT seqcache FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence($1, 'id')::regclass)`,
 		Args: []any{d.outbox},
 	}

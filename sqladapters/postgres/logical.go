@@ -79,24 +79,36 @@ FROM pg_replication_slots WHERE slot_name = $1`,
 	}
 }
 
-// PendingKeys selects the distinct keys of the pending rows.
-func (d *sqlDialect) PendingKeys() sqladapters.Query {
+// PendingKeys selects the distinct keys of the pending rows, and with
+// holds those of the dead letters that hold their keys, through the hold
+// index.
+func (d *sqlDialect) PendingKeys(holds bool) sqladapters.Query {
+	keys := `SELECT DISTINCT key IS NOT NULL AS keyed, coalesce(key, '') AS key FROM ` + d.outbox
+	if holds {
+		keys += ` UNION SELECT true, key FROM ` + d.dead + ` WHERE holds`
+	}
 	return sqladapters.Query{SQL: `WITH s AS (` + markColumns + `)
-SELECT s.lsn, s.xmin, k.keyed, k.key FROM s LEFT JOIN (
-	SELECT DISTINCT key IS NOT NULL AS keyed, coalesce(key, '') AS key FROM ` + d.outbox + `) k ON true`}
+SELECT s.lsn, s.xmin, k.keyed, k.key FROM s LEFT JOIN (` + keys + `) k ON true`}
 }
 
 // ReadKeys selects the pending rows of the keys in id order, those waiting
-// for a retry included.
-func (d *sqlDialect) ReadKeys(keys []string, unkeyed bool, limit int) sqladapters.Query {
+// for a retry included, and with holds the dead letters holding those
+// keys, through the hold index.
+func (d *sqlDialect) ReadKeys(keys []string, unkeyed bool, limit int, holds bool) sqladapters.Query {
+	rows := `SELECT id, topic, uuid, payload, metadata, key, attempts, next_attempt_at <= now() AS due,
+		greatest(extract(epoch FROM next_attempt_at - now()), 0)::float8 AS wait, ` + ageMicros(`created_at`) + ` AS age, false AS holds
+	FROM ` + d.outbox + `
+	WHERE key = ANY($1::text[]) OR ($2::boolean AND key IS NULL)`
+	if holds {
+		rows += `
+	UNION ALL SELECT id, topic, uuid, ''::bytea, '{}'::jsonb, key, attempts, false, 0::float8, 0::bigint, true
+	FROM ` + d.dead + ` WHERE holds AND key = ANY($1::text[])`
+	}
 	return sqladapters.Query{
 		SQL: `WITH s AS (` + markColumns + `)
-SELECT s.lsn, s.xmin, o.id, o.topic, o.uuid, o.payload, o.metadata::text, o.key, o.attempts, o.due, o.wait, o.age
+SELECT s.lsn, s.xmin, o.id, o.topic, o.uuid, o.payload, o.metadata::text, o.key, o.attempts, o.due, o.wait, o.age, o.holds
 FROM s LEFT JOIN LATERAL (
-	SELECT id, topic, uuid, payload, metadata, key, attempts, next_attempt_at <= now() AS due,
-		greatest(extract(epoch FROM next_attempt_at - now()), 0)::float8 AS wait, ` + ageMicros(`created_at`) + ` AS age
-	FROM ` + d.outbox + `
-	WHERE key = ANY($1::text[]) OR ($2::boolean AND key IS NULL)
+	SELECT * FROM (` + rows + `) r
 	ORDER BY id LIMIT ` + strconv.Itoa(limit) + `) o ON true`,
 		Args: []any{textArray(keys), unkeyed},
 	}
@@ -174,6 +186,7 @@ func (d *sqlDialect) WriteMessages(ms []sqladapters.WrittenMessage) []sqladapter
 const (
 	writtenOutbox = iota
 	writtenDead
+	writtenHeld // dead letters that hold their keys
 	writtenKept
 )
 
@@ -181,6 +194,8 @@ func writtenTable(m sqladapters.WrittenMessage) int {
 	switch {
 	case m.Kept:
 		return writtenKept
+	case m.Failure != nil && m.Failure.Dead && m.Failure.Hold:
+		return writtenHeld
 	case m.Failure != nil && m.Failure.Dead:
 		return writtenDead
 	}
@@ -228,6 +243,10 @@ func (d *sqlDialect) writeRun(table int, ms []sqladapters.WrittenMessage) sqlada
 	case writtenDead:
 		q = `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp)
 SELECT id, topic, uuid, payload, metadata, key, key_hash, created_at, attempts, last_error, error_fp FROM ` + values + `
+ON CONFLICT DO NOTHING`
+	case writtenHeld:
+		q = `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp, holds)
+SELECT id, topic, uuid, payload, metadata, key, key_hash, created_at, attempts, last_error, error_fp, key IS NOT NULL FROM ` + values + `
 ON CONFLICT DO NOTHING`
 	case writtenKept:
 		q = `INSERT INTO ` + d.kept + ` (` + messageColumns + `)

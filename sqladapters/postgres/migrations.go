@@ -110,6 +110,24 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		Name:       "dead letters and kept rows in tables of their own",
 		Statements: d.ownTables(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 6,
+		Name:    "dead letters that hold their keys",
+		Statements: []string{
+			// A dead letter recorded by a forwarder with
+			// Config.DeadLetterHoldsKey holds its key: the pending read
+			// leaves out the key's later rows while it is there. Adding a
+			// column with a constant default rewrites nothing.
+			`ALTER TABLE ` + d.dead + ` ADD COLUMN IF NOT EXISTS holds boolean NOT NULL DEFAULT false`,
+			// The pending read looks a key's hash up here for every row
+			// it returns; the index holds only the dead letters that hold
+			// their keys, so it stays small and is built in moments.
+			// Processes of this version read the column (status, dead
+			// letters): apply it before they start, or let them run
+			// Migrate at start. Older processes work on it unchanged.
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+deadHoldSuffix) + ` ON ` + d.dead + ` (key_hash, id) WHERE holds`,
+		},
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}
@@ -117,11 +135,12 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 }
 
 // Suffixes of the tables of dead letters and of kept rows, and of the
-// dead letters' fingerprint index.
+// dead letters' fingerprint and hold indexes.
 const (
-	deadSuffix   = "_dead"
-	keptSuffix   = "_kept"
-	deadFPSuffix = "_deadfp_idx"
+	deadSuffix     = "_dead"
+	keptSuffix     = "_kept"
+	deadFPSuffix   = "_deadfp_idx"
+	deadHoldSuffix = "_deadhold_idx"
 )
 
 // messageColumns are the columns a message keeps in every table it passes

@@ -92,7 +92,7 @@ var groupErrorChars = strconv.Itoa(sqladapters.GroupErrorChars)
 // deadColumns are the columns of a dead letter without its payload and
 // metadata, and payloadColumns those two.
 const (
-	deadColumns    = `o.id, o.topic, o.uuid, o.key, o.attempts, coalesce(o.last_error, ''), o.error_fp, o.created_at, o.dead_at`
+	deadColumns    = `o.id, o.topic, o.uuid, o.key, o.attempts, coalesce(o.last_error, ''), o.error_fp, o.created_at, o.dead_at, o.holds`
 	payloadColumns = `, o.payload, o.metadata`
 )
 
@@ -118,6 +118,20 @@ func (d *sqlDialect) SelectDeadLetterIDs(f sqladapters.DeadLetterFilter, afterID
 	return sqladapters.Query{
 		SQL:  `SELECT o.id FROM ` + d.dead + ` o WHERE ` + where + ` AND o.id > $1 ORDER BY o.id LIMIT $2`,
 		Args: args,
+	}
+}
+
+// SelectHeldKeys lists the keys held by dead letters, through the hold
+// index, and counts the outbox rows waiting behind each in one pass over
+// the outbox, which has no index on keys.
+func (d *sqlDialect) SelectHeldKeys(limit int) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `SELECT h.key, h.id, count(o.id)
+FROM (SELECT key, key_hash, min(id) AS id FROM ` + d.dead + ` WHERE holds
+	GROUP BY key, key_hash ORDER BY min(id) LIMIT $1) h
+LEFT JOIN ` + d.outbox + ` o ON o.key_hash = h.key_hash AND o.key = h.key AND o.id > h.id
+GROUP BY h.key, h.id ORDER BY h.id`,
+		Args: []any{limit},
 	}
 }
 

@@ -90,6 +90,7 @@ func TestPlanPartitionedStatementsUseIndexes(t *testing.T) {
 	for name, qs := range map[string][]sqladapters.Query{
 		"SelectPending":        {b.SelectPending(pending)},
 		"SelectPendingWithAge": {b.SelectPendingWithAge(pending)},
+		"SelectPendingHeld":    {b.SelectPending(sqladapters.PendingQuery{DeadLetterHolds: true, Partitions: 8, Owned: []int{1, 2}, Limit: 100})},
 		"CompleteForwarded":    b.CompleteForwarded([]int64{1, 2, 3}, false),
 		"CompleteKept":         b.CompleteForwarded([]int64{1, 2, 3}, true),
 		"RecordFailure":        b.RecordFailure(sqladapters.Failure{ID: 7, Attempts: 1, Error: "x"}),
@@ -363,7 +364,9 @@ func TestPlanErrorGroupPageReadsOneGroup(t *testing.T) {
 // page's worth of buffers whatever the table's size, with the backoff
 // check a lookup in the retry index. Read from the head, after a floor
 // (PendingQuery.After) and for some partitions, as custom and as generic
-// plans.
+// plans; and with PendingQuery.DeadLetterHolds, next to a dead letter that holds
+// its key among the million that do not, where the hold check is a lookup
+// in the dead letters' hold index.
 func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
 	rows := 1000000
 	if v := os.Getenv("MILLBOX_PLAN_ROWS"); v != "" {
@@ -403,6 +406,13 @@ func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
 	if _, err := d.RecordFailure(ctx, db, sqladapters.Failure{ID: 7, Attempts: 1, Error: "x", Backoff: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
+	// The first row of key k8 is a dead letter that holds its key.
+	if _, err := d.RecordFailure(ctx, db, sqladapters.Failure{ID: 8, Attempts: 3, Error: "x", Dead: true, Hold: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE `+d.Tables()[5]); err != nil {
+		t.Fatal(err)
+	}
 
 	type node struct {
 		Type     string   `json:"Node Type"`
@@ -419,6 +429,8 @@ func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
 		"head":       {Limit: limit},
 		"after":      {After: int64(rows / 2), Limit: limit},
 		"partitions": {Partitions: 16, Owned: []int{3, 11}, After: int64(rows / 2), Limit: limit},
+		"held":       {DeadLetterHolds: true, Limit: limit},
+		"held after": {DeadLetterHolds: true, Partitions: 16, Owned: []int{3, 8}, After: int64(rows / 2), Limit: limit},
 	} {
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			tx, err := db.Begin(ctx, sql.TxOptions{})
@@ -442,20 +454,23 @@ func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
 			if scan.Type != "Index Scan" || !strings.HasSuffix(scan.Index, "_pkey") || len(scan.Sort) != 0 {
 				t.Fatalf("%s, %s: the rows come from %s %q, want an index scan of the primary key: %s", name, mode, scan.Type, scan.Index, text)
 			}
-			var check func(n node) bool
-			check = func(n node) bool {
-				if n.Relation != "" && n.Index != "" && strings.HasSuffix(n.Index, "_retry_idx") {
+			var uses func(n node, index string) bool
+			uses = func(n node, index string) bool {
+				if n.Relation != "" && n.Index != "" && strings.HasSuffix(n.Index, index) {
 					return true
 				}
 				for _, c := range n.Plans {
-					if check(c) {
+					if uses(c, index) {
 						return true
 					}
 				}
 				return false
 			}
-			if !check(scan) {
+			if !uses(scan, "_retry_idx") {
 				t.Fatalf("%s, %s: the backoff check does not look the key up in the retry index: %s", name, mode, text)
+			}
+			if q.DeadLetterHolds && !uses(scan, "_deadhold_idx") {
+				t.Fatalf("%s, %s: the hold check does not look the key up in the dead letters' hold index: %s", name, mode, text)
 			}
 			buffers := top.Hit + top.Read
 			t.Logf("%s, %s: %d rows of %d pending through %s, %d buffers", name, mode, top.Rows, rows, scan.Index, buffers)

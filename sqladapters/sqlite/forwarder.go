@@ -23,8 +23,11 @@ const retrying = `attempts > 0 AND dead_at IS NULL AND published_at IS NULL`
 // the key's hash up in the retry index, which holds only rows waiting for
 // a retry, and then compares the full keys: the index stays small whatever
 // the keys' length, and a key sharing another's hash is not held back.
-// Lists of partitions and ids travel as one JSON array each (json_each), so
-// the SQL text depends only on which filters are set.
+// With q.DeadLetterHolds, a row whose key has an earlier dead letter
+// holding it is left out the same way, through the dead letters' hold
+// index, which holds only those. Lists of partitions and ids travel as one
+// JSON array each (json_each), so the SQL text depends only on which
+// filters are set.
 //
 // The current time is a parameter, taken once: SQLite evaluates 'now'
 // afresh for each row a statement steps through, so a retry's backoff
@@ -54,6 +57,12 @@ WHERE o.next_attempt_at <= ?`)
 		keys, _ := json.Marshal(q.SkipKeys)
 		args = append(args, string(keys))
 	}
+	if q.DeadLetterHolds {
+		b.WriteString(`
+AND (o.key IS NULL OR NOT EXISTS (
+	SELECT 1 FROM ` + d.dead + ` h
+	WHERE h.key_hash = o.key_hash AND h.id < o.id AND h.holds = 1 AND h.key = o.key))`)
+	}
 	b.WriteString(`
 AND (o.key IS NULL OR NOT EXISTS (
 	SELECT 1 FROM ` + d.outbox + ` p
@@ -82,13 +91,14 @@ SELECT ` + messageColumns + ` FROM ` + d.outbox + ` WHERE id IN (SELECT value FR
 }
 
 // RecordFailure stores the attempt count, error and its fingerprint, and
-// the next attempt time; a dead row moves to the dead letters' table.
+// the next attempt time; a dead row moves to the dead letters' table,
+// holding its key with f.Hold.
 func (d *sqlDialect) RecordFailure(f sqladapters.Failure) []sqladapters.Query {
 	fp := sqladapters.FingerprintError(f.Error)
 	if f.Dead {
 		return []sqladapters.Query{{
-			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp)
-SELECT ` + messageColumns + `, ?, ?, ? FROM ` + d.outbox + ` WHERE id = ?`,
+			SQL: `INSERT INTO ` + d.dead + ` (` + messageColumns + `, attempts, last_error, error_fp` + holdsColumn(f) + `)
+SELECT ` + messageColumns + `, ?, ?, ?` + holdsValue(f) + ` FROM ` + d.outbox + ` WHERE id = ?`,
 			Args: []any{f.Attempts, f.Error, fp[:], f.ID},
 		}, {
 			SQL:  `DELETE FROM ` + d.outbox + ` WHERE id = ?`,
@@ -101,6 +111,24 @@ SELECT ` + messageColumns + `, ?, ?, ? FROM ` + d.outbox + ` WHERE id = ?`,
 WHERE id = ?`,
 		Args: []any{f.Attempts, f.Error, fp[:], offset(f.Backoff), f.ID},
 	}}
+}
+
+// holdsColumn and holdsValue add the holds column to a dead letter's
+// insert when it holds its key, 1 for a row with a key. Only then:
+// forwarders without Config.DeadLetterHoldsKey record failures on a
+// schema before version 6 too, as during an upgrade.
+func holdsColumn(f sqladapters.Failure) string {
+	if f.Hold {
+		return `, holds`
+	}
+	return ``
+}
+
+func holdsValue(f sqladapters.Failure) string {
+	if f.Hold {
+		return `, coalesce(key, '') <> ''`
+	}
+	return ``
 }
 
 // RequeueDeadLetters moves dead letters back into the outbox under their

@@ -136,6 +136,21 @@ ON CONFLICT (id) DO NOTHING`,
 			`DROP INDEX IF EXISTS ` + quote(t+"_dead_fp_idx"),
 		},
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 6,
+		Name:    "dead letters that hold their keys",
+		// A dead letter recorded by a forwarder with
+		// Config.DeadLetterHoldsKey holds its key: the pending read
+		// leaves out the key's later rows while it is there, looking the
+		// key's hash up in the hold index, which holds only such dead
+		// letters. Processes of this version read the column (status,
+		// dead letters): apply it before they start, or let them run
+		// Migrate at start. Older processes work on it unchanged.
+		Statements: []string{
+			`ALTER TABLE ` + d.dead + ` ADD COLUMN holds INTEGER NOT NULL DEFAULT 0`,
+			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_deadhold_idx") + ` ON ` + d.dead + ` (key_hash, id) WHERE holds = 1`,
+		},
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

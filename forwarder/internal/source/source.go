@@ -83,6 +83,10 @@ type Env struct {
 	// (Engine.Acquire) before it reads rows of it, and gives it up
 	// (Engine.Release) when it no longer holds it.
 	ExactlyOnce bool
+	// DeadLetterHolds tells that a dead letter holds its key
+	// (forwarder.Config.DeadLetterHoldsKey): the source hands the engine
+	// no row of a key while a dead letter with a lower id holds it.
+	DeadLetterHolds bool
 }
 
 // Engine is what the forwarding engine offers its source. Methods other

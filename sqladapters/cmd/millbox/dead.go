@@ -37,6 +37,7 @@ var deadAllowed = map[string][]string{
 	"show":    {"json"},
 	"requeue": {"topic", "key", "error", "older-than", "newer-than", "dry-run", "yes", "batch"},
 	"discard": {"topic", "key", "error", "older-than", "newer-than", "dry-run", "yes", "batch"},
+	"held":    {"limit", "json"},
 }
 
 func deadCmd(ctx context.Context, e env, args []string) error {
@@ -60,7 +61,7 @@ func deadCmd(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if len(pos) == 0 {
-		return usagef("dead needs a subcommand: list, show, requeue or discard; run 'millbox help dead'")
+		return usagef("dead needs a subcommand: list, show, held, requeue or discard; run 'millbox help dead'")
 	}
 	if f.limit < 1 || f.limit > ops.MaxBatchSize || f.batch < 1 || f.batch > ops.MaxBatchSize {
 		return usagef("--limit and --batch must be between 1 and %d", ops.MaxBatchSize)
@@ -68,7 +69,7 @@ func deadCmd(ctx context.Context, e env, args []string) error {
 	sub, rest := pos[0], pos[1:]
 	allowed, ok := deadAllowed[sub]
 	if !ok {
-		return usagef("unknown dead subcommand %q: want list, show, requeue or discard", sub)
+		return usagef("unknown dead subcommand %q: want list, show, held, requeue or discard", sub)
 	}
 	var bad []string
 	fs.Visit(func(fl *flag.Flag) {
@@ -100,6 +101,11 @@ func deadCmd(ctx context.Context, e env, args []string) error {
 			return usagef("dead show: %q is not an id", rest[0])
 		}
 		return deadShow(ctx, e, &f, id)
+	case "held":
+		if len(rest) > 0 {
+			return usagef("dead held takes no arguments, got %q", rest[0])
+		}
+		return deadHeld(ctx, e, &f)
 	}
 	for _, a := range rest {
 		id, err := strconv.ParseInt(a, 10, 64)
@@ -187,6 +193,50 @@ func deadList(ctx context.Context, e env, f *deadFlags) error {
 	return nil
 }
 
+// jsonHeldKey is the --json form of a key held by a dead letter.
+type jsonHeldKey struct {
+	Key          string `json:"key"`
+	DeadLetterID int64  `json:"dead_letter_id"`
+	Held         int64  `json:"held"`
+}
+
+// deadHeld lists the keys held by dead letters and the messages waiting
+// behind each.
+func deadHeld(ctx context.Context, e env, f *deadFlags) error {
+	s, err := f.connect(ctx, e, false)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	keys, err := s.o.HeldKeys(ctx, f.limit)
+	if err != nil {
+		return s.explain(ctx, err)
+	}
+	if f.asJSON {
+		out := []jsonHeldKey{}
+		for _, k := range keys {
+			out = append(out, jsonHeldKey{k.Key, k.DeadLetterID, k.Held})
+		}
+		return writeJSON(e, out)
+	}
+	if len(keys) == 0 {
+		fmt.Fprintln(e.stdout, "no keys are held by dead letters")
+		return nil
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "KEY\tDEAD LETTER\tHELD")
+	for _, k := range keys {
+		fmt.Fprintf(w, "%s\t%d\t%d\n", oneLine(k.Key, 60), k.DeadLetterID, k.Held)
+	}
+	w.Flush()
+	if len(keys) == f.limit {
+		fmt.Fprintf(e.stderr, "showing the first %d held keys; raise --limit for more\n", f.limit)
+	}
+	fmt.Fprintf(e.stdout, "\nSend a dead letter and then its key's held messages with: %s\nLet them go on without it with: %s\n",
+		f.hint(fmt.Sprint("dead requeue ", keys[0].DeadLetterID)), f.hint(fmt.Sprint("dead discard ", keys[0].DeadLetterID, " --yes")))
+	return nil
+}
+
 func deadShow(ctx context.Context, e env, f *deadFlags, id int64) error {
 	s, err := f.connect(ctx, e, false)
 	if err != nil {
@@ -207,6 +257,9 @@ func deadShow(ctx context.Context, e env, f *deadFlags, id int64) error {
 	fmt.Fprintf(w, "  uuid:\t%s\n", ops.EscapeControls(dl.UUID, false))
 	fmt.Fprintf(w, "  key:\t%s\n", ops.EscapeControls(dl.Key, false))
 	fmt.Fprintf(w, "  attempts:\t%d\n", dl.Attempts)
+	if dl.Holds {
+		fmt.Fprintf(w, "  holds key:\tyes: the key's later messages wait for its requeue or discard\n")
+	}
 	fmt.Fprintf(w, "  created:\t%s (%s ago)\n", dl.CreatedAt.UTC().Format(time.RFC3339), age(now.Sub(dl.CreatedAt)))
 	fmt.Fprintf(w, "  died:\t%s (%s ago)\n", dl.DeadAt.UTC().Format(time.RFC3339), age(now.Sub(dl.DeadAt)))
 	w.Flush()
@@ -295,6 +348,7 @@ type jsonDeadLetter struct {
 	LastError     string          `json:"last_error"`
 	CreatedAt     time.Time       `json:"created_at"`
 	DeadAt        time.Time       `json:"dead_at"`
+	HoldsKey      bool            `json:"holds_key"`
 	Metadata      json.RawMessage `json:"metadata"`
 	Payload       *string         `json:"payload,omitempty"`
 	PayloadBase64 []byte          `json:"payload_base64,omitempty"`
@@ -305,7 +359,7 @@ type jsonDeadLetter struct {
 func deadLetterJSON(dl sqladapters.DeadLetter) jsonDeadLetter {
 	j := jsonDeadLetter{
 		ID: dl.ID, Topic: dl.Topic, UUID: dl.UUID, Key: dl.Key, Attempts: dl.Attempts, LastError: dl.LastError,
-		CreatedAt: dl.CreatedAt.UTC(), DeadAt: dl.DeadAt.UTC(), Metadata: json.RawMessage(dl.Metadata),
+		CreatedAt: dl.CreatedAt.UTC(), DeadAt: dl.DeadAt.UTC(), HoldsKey: dl.Holds, Metadata: json.RawMessage(dl.Metadata),
 	}
 	if !json.Valid(dl.Metadata) {
 		j.Metadata = json.RawMessage("{}")

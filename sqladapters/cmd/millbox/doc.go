@@ -25,6 +25,7 @@
 //	millbox status --json | jq .pending
 //	millbox dead list --group-by-error
 //	millbox dead show 1234
+//	millbox dead held                           # keys held by dead letters, messages waiting behind each
 //	millbox dead requeue --error 'connection refused' --dry-run
 //	millbox dead requeue --error 'connection refused' --yes
 //	millbox prune --forwarded-older-than 7d --inbox-older-than 30d
@@ -46,7 +47,8 @@
 // dead requeue with a filter and dead discard are refused without --yes
 // (exit status 2); --dry-run counts what they, and prune, would change.
 // Requeue only makes dead rows pending again (a requeued row's age counts
-// from its requeue); prune works in bounded batches and never touches
+// from its requeue; one that held its key goes before the key's waiting
+// messages); prune works in bounded batches and never touches
 // pending or dead rows. The same operations are a Go API in package
 // sqladapters/ops, and a page to mount in an application in
 // sqladapters/admin.

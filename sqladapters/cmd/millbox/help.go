@@ -18,6 +18,7 @@ Commands:
                     inbox records and partition owners (--json for scripts)
   dead list         list dead letters, filtered, or grouped by error (--group-by-error)
   dead show ID      one dead letter with its error, metadata and payload
+  dead held         keys held by dead letters, with the messages waiting behind each
   dead requeue      send dead letters again (--dry-run to count, --yes for a filter)
   dead discard      delete dead letters (--dry-run to count, --yes to do it)
   prune             delete forwarded rows kept for audit and old inbox records, in batches
@@ -95,7 +96,7 @@ instance holds which partitions. Ages are measured by the database's clock; a re
 dead letter waits from its requeue (its created time stays the message's).
 
 --json prints one object with the fields pending, retrying, oldest_pending_age_seconds,
-dead_letters, forwarded_kept, inbox_records, oldest_inbox_age_seconds, topics,
+dead_letters, held_keys, forwarded_kept, inbox_records, oldest_inbox_age_seconds, topics,
 consumers, partitions and owners.
 
 Examples:
@@ -106,6 +107,7 @@ Examples:
 const deadUsage = `Usage:
   millbox dead list    [filters] [--group-by-error] [--limit N] [--after ID] [--json]
   millbox dead show    ID [--json]
+  millbox dead held    [--limit N] [--json]
   millbox dead requeue [ID...] [filters] [--dry-run] [--yes] [--batch N]
   millbox dead discard [ID...] [filters] [--dry-run] [--yes] [--batch N]
 
@@ -121,6 +123,10 @@ Filters (all must match):
   --newer-than D     died within the last D
   ID...              these ids (requeue, discard)
 
+held lists the ordering keys a dead letter holds (forwarders with
+DeadLetterHoldsKey): their later messages wait in the outbox, counted in HELD. Requeue
+the dead letter to send it and then them, in order; discard it to let them go on.
+
 requeue moves the rows back into the outbox, pending with zero attempts; the forwarder
 sends them as soon as it reads them. Requeue of the ids you name runs at once; requeue by a filter,
 or of every dead letter, needs --yes. discard deletes rows for good and always needs
@@ -130,6 +136,7 @@ Examples:
   millbox dead list --group-by-error
   millbox dead list --error 'no such host' --limit 20
   millbox dead show 1234
+  millbox dead held
   millbox dead requeue 1234
   millbox dead requeue --topic orders --newer-than 2h --dry-run
   millbox dead requeue --topic orders --newer-than 2h --yes

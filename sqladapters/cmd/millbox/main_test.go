@@ -478,6 +478,45 @@ func exercise(t *testing.T, in installation) {
 	if got := listIDs(); !slices.Equal(got, []int64{ids["o-5"]}) {
 		t.Fatalf("dead letters after prune: %v", got)
 	}
+
+	// A dead letter that holds its key: status counts it, dead held lists
+	// the key with the messages waiting behind it, until it is requeued.
+	publish(msg{"orders", "h-1", "kh", `{"held":1}`}, msg{"orders", "h-2", "kh", `{"held":2}`}, msg{"orders", "h-3", "kh", `{"held":3}`})
+	for _, row := range pendingRows(t, ctx, in) {
+		ids[row.UUID] = row.ID
+	}
+	if n, err := in.dialect.RecordFailure(ctx, in.db, sqladapters.Failure{ID: ids["h-1"], Attempts: 10, Error: "refused", Dead: true, Hold: true}); err != nil || n != 1 {
+		t.Fatalf("record failure of h-1: %d rows, %v", n, err)
+	}
+	var held []jsonHeldKey
+	runJSON(t, &held, cli("dead", "held")...)
+	if want := []jsonHeldKey{{Key: "kh", DeadLetterID: ids["h-1"], Held: 2}}; !slices.Equal(held, want) {
+		t.Fatalf("dead held: %+v, want %+v", held, want)
+	}
+	if r := mustRun(t, cli("dead", "held")...); !strings.Contains(r.stdout, "kh") || !strings.Contains(r.stdout, "millbox dead requeue "+strconv.FormatInt(ids["h-1"], 10)) {
+		t.Fatalf("human dead held:\n%s", r)
+	}
+	runJSON(t, &st, cli("status")...)
+	if st.HeldKeys != 1 || st.DeadLetters != 2 {
+		t.Fatalf("status with a held key: %+v", st)
+	}
+	if r := mustRun(t, cli("status")...); !strings.Contains(r.stdout, "1 key held by dead letters") || !strings.Contains(r.stdout, "millbox dead held") {
+		t.Fatalf("human status with a held key:\n%s", r)
+	}
+	runJSON(t, &shown, cli("dead", "show", strconv.FormatInt(ids["h-1"], 10))...)
+	if !shown.HoldsKey {
+		t.Fatalf("dead show of a dead letter holding its key: %+v", shown)
+	}
+	if r := mustRun(t, cli("dead", "show", strconv.FormatInt(ids["h-1"], 10))...); !strings.Contains(r.stdout, "holds key:") {
+		t.Fatalf("human dead show of a dead letter holding its key:\n%s", r)
+	}
+	mustRun(t, cli("dead", "requeue", strconv.FormatInt(ids["h-1"], 10))...)
+	if r := mustRun(t, cli("dead", "held")...); !strings.Contains(r.stdout, "no keys are held") {
+		t.Fatalf("dead held after the requeue:\n%s", r)
+	}
+	if r := runCmd(t, cli("dead", "held", "--topic", "orders")...); r.code != exitUsage {
+		t.Fatalf("dead held with a filter: want exit 2, got %s", r)
+	}
 }
 
 // pendingRows reads the pending rows through the dialect.

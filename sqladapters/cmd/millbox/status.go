@@ -49,6 +49,7 @@ type jsonStatus struct {
 	Retrying                int64           `json:"retrying"`
 	OldestPendingAgeSeconds float64         `json:"oldest_pending_age_seconds"`
 	DeadLetters             int64           `json:"dead_letters"`
+	HeldKeys                int64           `json:"held_keys"`
 	ForwardedKept           int64           `json:"forwarded_kept"`
 	InboxRecords            int64           `json:"inbox_records"`
 	OldestInboxAgeSeconds   float64         `json:"oldest_inbox_age_seconds"`
@@ -94,6 +95,7 @@ func statusJSON(o *ops.Ops, st ops.Status) jsonStatus {
 		Retrying:                st.Retrying,
 		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(),
 		DeadLetters:             st.Dead,
+		HeldKeys:                st.HeldKeys,
 		ForwardedKept:           st.ForwardedKept,
 		InboxRecords:            st.InboxRecords,
 		OldestInboxAgeSeconds:   st.OldestInboxAge.Seconds(),
@@ -171,6 +173,9 @@ func printStatus(ctx context.Context, e env, s *session, st ops.Status) {
 	}
 	if st.Dead > 0 {
 		fmt.Fprintf(e.stdout, "\n%s: see them with: %s\n", count(st.Dead, "dead letter"), s.hint("dead list --group-by-error"))
+	}
+	if st.HeldKeys > 0 {
+		fmt.Fprintf(e.stdout, "%s held by dead letters: see them with: %s\n", count(st.HeldKeys, "key"), s.hint("dead held"))
 	}
 }
 

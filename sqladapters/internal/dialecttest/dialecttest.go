@@ -50,6 +50,9 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 		"SelectPendingOwned": d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Limit: 10}),
 		"SelectPendingNone":  d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 10}),
 		"SelectPendingExcl":  d.SelectPending(sqladapters.PendingQuery{Exclude: []int64{5, 6}, Limit: 10}),
+		"SelectPendingHeld":  d.SelectPending(sqladapters.PendingQuery{DeadLetterHolds: true, SkipKeys: []string{"k"}, Limit: 10}),
+		"SelectHeldKeys":     d.SelectHeldKeys(10),
+		"CountHeldKeys":      d.CountHeldKeys(),
 		"OutboxStats":        d.OutboxStats(),
 		"CountPartitions":    d.CountPartitions(),
 		"Heartbeat":          d.Heartbeat("i", time.Second),
@@ -69,6 +72,7 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 		"CompleteNone":       d.CompleteForwarded(nil, false),
 		"RecordFailure":      d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Backoff: time.Second}),
 		"RecordFailureDead":  d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Dead: true}),
+		"RecordFailureHold":  d.RecordFailure(sqladapters.Failure{ID: 1, Attempts: 2, Error: "e", Dead: true, Hold: true}),
 		"RequeueDeadLetters": d.RequeueDeadLetters([]int64{1}),
 	} {
 		for i, q := range steps {

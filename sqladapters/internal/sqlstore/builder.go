@@ -66,18 +66,21 @@ type Builder interface {
 	// SelectPending returns columns id, topic, uuid, payload, metadata,
 	// key (NULL when empty), attempts, in id order, leaving out
 	// q.Exclude. A row whose key has an earlier row waiting for a retry is
-	// not returned.
+	// not returned, nor, with q.DeadLetterHolds, one whose key has an earlier
+	// dead letter that holds it.
 	SelectPending(q sqladapters.PendingQuery) sqladapters.Query
 	// CompleteForwarded removes published rows from the outbox, or moves
 	// them to the kept table when keep is true (see Steps).
 	CompleteForwarded(ids []int64, keep bool) []sqladapters.Query
 	// RecordFailure stores a failed attempt, with the fingerprint of the
 	// error text it stores (sqladapters.FingerprintError); with f.Dead it
-	// moves the row to the dead letters' table instead (see Steps).
+	// moves the row to the dead letters' table instead (see Steps),
+	// holding its key with f.Hold when it has one.
 	RecordFailure(f sqladapters.Failure) []sqladapters.Query
-	// OutboxStats selects three int columns: pending rows (including rows
-	// waiting for a retry), dead rows, and how long the pending row with
-	// the lowest id has waited, in microseconds (0 when none is pending).
+	// OutboxStats selects four int columns: pending rows (including rows
+	// waiting for a retry), dead rows, how long the pending row with the
+	// lowest id has waited, in microseconds (0 when none is pending), and
+	// the keys held by dead letters.
 	OutboxStats() sqladapters.Query
 	// RequeueDeadLetters moves the given dead letters back into the
 	// outbox under their ids, with zero attempts, due now, and records when
@@ -122,10 +125,17 @@ type Builder interface {
 	// SelectDeadLetters selects the page q of dead rows, in id order, with
 	// columns id, topic, uuid, key (NULL when empty), attempts, last error
 	// ('' when none), error fingerprint (16 bytes, NULL when none),
-	// created_at, dead_at, and with q.Payloads payload and metadata too.
+	// created_at, dead_at, whether it holds its key, and with q.Payloads
+	// payload and metadata too.
 	// A filter on a fingerprint reads through an index of the dead rows'
 	// fingerprints.
 	SelectDeadLetters(q sqladapters.DeadLetterQuery) sqladapters.Query
+	// SelectHeldKeys selects, per key held by a dead letter, in the order
+	// of the lowest id of its holding dead letters, at most limit: the
+	// key, that id, and the key's outbox rows with higher ids.
+	SelectHeldKeys(limit int) sqladapters.Query
+	// CountHeldKeys selects the number of keys held by dead letters.
+	CountHeldKeys() sqladapters.Query
 	// SelectDeadLetterIDs selects the ids (one bigint column) of the dead
 	// rows f selects with id > afterID, in id order, at most limit.
 	SelectDeadLetterIDs(f sqladapters.DeadLetterFilter, afterID int64, limit int) sqladapters.Query
@@ -168,8 +178,8 @@ type HighWaterMark interface {
 }
 
 // PendingHorizon is implemented by a Builder that can report a Horizon:
-// one row of Mark, XMin, XID, RetryMin and the number of ids the id
-// sequence hands a session at once. Its outbox insert must take the
+// one row of Mark, XMin, XID, RetryMin, HoldMin and the number of ids the
+// id sequence hands a session at once. Its outbox insert must take the
 // transaction's id before the row's id.
 type PendingHorizon interface {
 	PendingHorizon() sqladapters.Query
@@ -246,14 +256,16 @@ type Logical interface {
 	// and the bytes of WAL it retains (no row when it does not exist).
 	Slot(slot string) sqladapters.Query
 	// PendingKeys selects the mark (lsn, xmin) and, per distinct key of
-	// the pending rows, whether it is a key and the key ('' without one);
-	// one row of NULL keys when none is pending.
-	PendingKeys() sqladapters.Query
+	// the pending rows (with holds, and of the dead letters that hold
+	// their keys), whether it is a key and the key ('' without one); one
+	// row of NULL keys when there is none.
+	PendingKeys(holds bool) sqladapters.Query
 	// ReadKeys selects the mark and the pending rows of the keys (a text
 	// array parameter) in id order, with whether each is due, the seconds
-	// until it is, and its age in microseconds; one row of NULL row
-	// columns when none matches.
-	ReadKeys(keys []string, unkeyed bool, limit int) sqladapters.Query
+	// until it is, its age in microseconds and false; with holds, the dead
+	// letters that hold those keys among them, with true last; one row of
+	// NULL row columns when none matches.
+	ReadKeys(keys []string, unkeyed bool, limit int, holds bool) sqladapters.Query
 	// EmitCheck selects one row: wal_level, server_version_num, whether a
 	// logical slot exists in the database, the prefix of the outbox's
 	// logical decoding messages and the name of its id sequence.

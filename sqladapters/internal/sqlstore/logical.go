@@ -104,8 +104,8 @@ func scanMark(lsn string, xmin int64) (sqladapters.StreamMark, error) {
 }
 
 // PendingKeys implements sqladapters.Logical.
-func (l *logicalStore) PendingKeys(ctx context.Context, e sqladapters.Executor) (mark sqladapters.StreamMark, keys []sqladapters.StreamKey, err error) {
-	err = l.s.query(ctx, e, l.b.PendingKeys(), func(r sqladapters.Rows) error {
+func (l *logicalStore) PendingKeys(ctx context.Context, e sqladapters.Executor, holds bool) (mark sqladapters.StreamMark, keys []sqladapters.StreamKey, err error) {
+	err = l.s.query(ctx, e, l.b.PendingKeys(holds), func(r sqladapters.Rows) error {
 		var lsn string
 		var xmin int64
 		var keyed sql.NullBool
@@ -125,16 +125,16 @@ func (l *logicalStore) PendingKeys(ctx context.Context, e sqladapters.Executor) 
 }
 
 // ReadKeys implements sqladapters.Logical.
-func (l *logicalStore) ReadKeys(ctx context.Context, e sqladapters.Executor, keys []string, unkeyed bool, limit int) (mark sqladapters.StreamMark, rows []sqladapters.KeyedRow, err error) {
-	err = l.s.query(ctx, e, l.b.ReadKeys(keys, unkeyed, limit), func(r sqladapters.Rows) error {
+func (l *logicalStore) ReadKeys(ctx context.Context, e sqladapters.Executor, keys []string, unkeyed bool, limit int, holds bool) (mark sqladapters.StreamMark, rows []sqladapters.KeyedRow, err error) {
+	err = l.s.query(ctx, e, l.b.ReadKeys(keys, unkeyed, limit, holds), func(r sqladapters.Rows) error {
 		var lsn string
 		var xmin int64
 		var id, attempts, age sql.NullInt64
 		var topic, uuid, md, key sql.NullString
 		var payload []byte
-		var due sql.NullBool
+		var due, held sql.NullBool
 		var wait sql.NullFloat64
-		if err := r.Scan(&lsn, &xmin, &id, &topic, &uuid, &payload, &md, &key, &attempts, &due, &wait, &age); err != nil {
+		if err := r.Scan(&lsn, &xmin, &id, &topic, &uuid, &payload, &md, &key, &attempts, &due, &wait, &age, &held); err != nil {
 			return err
 		}
 		if mark, err = scanMark(lsn, xmin); err != nil {
@@ -143,7 +143,7 @@ func (l *logicalStore) ReadKeys(ctx context.Context, e sqladapters.Executor, key
 		if !id.Valid {
 			return nil
 		}
-		row := sqladapters.KeyedRow{Keyed: key.Valid, Due: due.Bool, Wait: time.Duration(wait.Float64 * float64(time.Second))}
+		row := sqladapters.KeyedRow{Keyed: key.Valid, Due: due.Bool, Wait: time.Duration(wait.Float64 * float64(time.Second)), Holds: held.Bool}
 		row.ID, row.Topic, row.UUID, row.Payload, row.Metadata = id.Int64, topic.String, uuid.String, payload, []byte(md.String)
 		row.Key, row.Attempts, row.Age = key.String, int(attempts.Int64), time.Duration(age.Int64)*time.Microsecond
 		rows = append(rows, row)

@@ -113,7 +113,7 @@ func (s *Store) ListDeadLetters(ctx context.Context, e sqladapters.Executor, q s
 			key sql.NullString
 		)
 		var fp []byte
-		dest := []any{&dl.ID, &dl.Topic, &dl.UUID, &key, &dl.Attempts, &dl.LastError, &fp, &dl.CreatedAt, &dl.DeadAt}
+		dest := []any{&dl.ID, &dl.Topic, &dl.UUID, &key, &dl.Attempts, &dl.LastError, &fp, &dl.CreatedAt, &dl.DeadAt, &dl.Holds}
 		if q.Payloads {
 			dest = append(dest, &dl.Payload, &dl.Metadata)
 		}
@@ -133,6 +133,28 @@ func (s *Store) DeadLetterIDs(ctx context.Context, e sqladapters.Executor, f sql
 		return nil, err
 	}
 	return s.queryIDs(ctx, e, s.b.SelectDeadLetterIDs(f, afterID, limit))
+}
+
+// HeldKeys implements sqladapters.Dialect.
+func (s *Store) HeldKeys(ctx context.Context, e sqladapters.Executor, limit int) ([]sqladapters.HeldKey, error) {
+	if err := checkLimit(limit); err != nil {
+		return nil, err
+	}
+	var out []sqladapters.HeldKey
+	err := s.query(ctx, e, s.b.SelectHeldKeys(limit), func(r sqladapters.Rows) error {
+		var k sqladapters.HeldKey
+		if err := r.Scan(&k.Key, &k.DeadLetterID, &k.Held); err != nil {
+			return fmt.Errorf("scan held key: %w", err)
+		}
+		out = append(out, k)
+		return nil
+	})
+	return out, err
+}
+
+// CountHeldKeys implements sqladapters.Dialect.
+func (s *Store) CountHeldKeys(ctx context.Context, e sqladapters.Executor) (int64, error) {
+	return s.queryInt(ctx, e, s.b.CountHeldKeys())
 }
 
 // CountDeadLetters implements sqladapters.Dialect.

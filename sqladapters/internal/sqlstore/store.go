@@ -413,7 +413,7 @@ func (s *Store) PendingHorizon(ctx context.Context, e sqladapters.Executor) (sql
 	}
 	var xmin, xid, cache int64
 	err := s.query(ctx, e, ph.PendingHorizon(), func(r sqladapters.Rows) error {
-		return r.Scan(&h.Mark, &xmin, &xid, &h.RetryMin, &cache)
+		return r.Scan(&h.Mark, &xmin, &xid, &h.RetryMin, &h.HoldMin, &cache)
 	})
 	if err != nil {
 		return sqladapters.Horizon{}, err
@@ -442,7 +442,7 @@ func (s *Store) OutboxStats(ctx context.Context, e sqladapters.Executor) (sqlada
 	var st sqladapters.OutboxStats
 	var ageMicros int64
 	err := s.query(ctx, e, s.b.OutboxStats(), func(r sqladapters.Rows) error {
-		return r.Scan(&st.Pending, &st.Dead, &ageMicros)
+		return r.Scan(&st.Pending, &st.Dead, &ageMicros, &st.HeldKeys)
 	})
 	st.OldestPendingAge = age(sql.NullInt64{Int64: ageMicros, Valid: true})
 	return st, err

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -20,6 +21,7 @@ var logicalCases = []testCase{
 	{"Unsupported", testLogicalUnsupported},
 	{"SetupAndDrop", testLogicalSetupAndDrop},
 	{"ReadKeys", testLogicalReadKeys},
+	{"ReadKeysHeld", testLogicalReadKeysHeld},
 	{"CompleteStreamed", testLogicalCompleteStreamed},
 	{"Emit", testLogicalEmit},
 	{"WriteMessages", testLogicalWriteMessages},
@@ -107,7 +109,7 @@ func testLogicalSetupAndDrop(e *env) {
 // snapshot.
 func testLogicalReadKeys(e *env) {
 	lg := e.logical()
-	mark, keys, err := lg.PendingKeys(e.ctx, e.db)
+	mark, keys, err := lg.PendingKeys(e.ctx, e.db, false)
 	e.check(err, "PendingKeys")
 	if len(keys) != 0 || mark.LSN == 0 || mark.XMin == 0 {
 		e.t.Fatalf("empty outbox: mark %+v, keys %v", mark, keys)
@@ -117,7 +119,7 @@ func testLogicalReadKeys(e *env) {
 	if err != nil || n != 1 {
 		e.t.Fatalf("RecordFailure: %d, %v", n, err)
 	}
-	_, keys, err = lg.PendingKeys(e.ctx, e.db)
+	_, keys, err = lg.PendingKeys(e.ctx, e.db, false)
 	e.check(err, "PendingKeys")
 	slices.SortFunc(keys, func(x, y sqladapters.StreamKey) int {
 		if x.Key < y.Key {
@@ -133,7 +135,7 @@ func testLogicalReadKeys(e *env) {
 		e.t.Fatalf("pending keys %+v, want %+v", keys, want)
 	}
 
-	later, rows, err := lg.ReadKeys(e.ctx, e.db, []string{"a"}, false, 10)
+	later, rows, err := lg.ReadKeys(e.ctx, e.db, []string{"a"}, false, 10, false)
 	e.check(err, "ReadKeys")
 	if later.LSN < mark.LSN {
 		e.t.Fatalf("marks went back: %+v after %+v", later, mark)
@@ -147,22 +149,69 @@ func testLogicalReadKeys(e *env) {
 	if string(rows[1].Payload) != "payload of a1" || rows[1].Topic != "topic.a1" || rows[1].UUID != "a1" || rows[1].Key != "a" {
 		e.t.Fatalf("row a1 read as %+v", rows[1].OutboxRow)
 	}
-	_, rows, err = lg.ReadKeys(e.ctx, e.db, []string{"a", "b"}, true, 2)
+	_, rows, err = lg.ReadKeys(e.ctx, e.db, []string{"a", "b"}, true, 2, false)
 	e.check(err, "ReadKeys")
 	if len(rows) != 2 || rows[0].ID != id[0] || rows[1].ID != id[1] {
 		e.t.Fatalf("two rows of keys a, b and none: %+v", rows)
 	}
-	_, rows, err = lg.ReadKeys(e.ctx, e.db, nil, true, 10)
+	_, rows, err = lg.ReadKeys(e.ctx, e.db, nil, true, 10, false)
 	e.check(err, "ReadKeys")
 	if len(rows) != 1 || rows[0].ID != id[2] || rows[0].Keyed {
 		e.t.Fatalf("rows without a key: %+v", rows)
 	}
-	_, rows, err = lg.ReadKeys(e.ctx, e.db, []string{`"quoted", {key}\`}, false, 10)
+	_, rows, err = lg.ReadKeys(e.ctx, e.db, []string{`"quoted", {key}\`}, false, 10, false)
 	e.check(err, "ReadKeys of an odd key")
 	if len(rows) != 0 {
 		e.t.Fatalf("rows of a key nobody wrote: %+v", rows)
 	}
 
+	e.noneInUse("ReadKeys")
+}
+
+// testLogicalReadKeysHeld: with holds, the keys held by dead letters are
+// pending keys, with pending rows or without, and the read of a held key
+// returns its dead letter among its rows, in id order, marked as holding;
+// without holds, neither. A message written as a dead letter that holds
+// its key holds it too.
+func testLogicalReadKeysHeld(e *env) {
+	lg := e.logical()
+	id := e.insert(msg("a0", "a", 1), msg("a1", "a", 1), msg("a2", "a", 1), msg("c0", "c", 2), msg("u0", "", 3))
+	e.fail(sqladapters.Failure{ID: id[1], Attempts: 3, Error: "refused", Dead: true, Hold: true})
+	e.fail(sqladapters.Failure{ID: id[3], Attempts: 3, Error: "refused", Dead: true, Hold: true})
+	e.fail(sqladapters.Failure{ID: id[4], Attempts: 3, Error: "refused", Dead: true})
+	keysOf := func(holds bool) []sqladapters.StreamKey {
+		e.t.Helper()
+		_, keys, err := lg.PendingKeys(e.ctx, e.db, holds)
+		e.check(err, "PendingKeys")
+		slices.SortFunc(keys, func(x, y sqladapters.StreamKey) int { return strings.Compare(x.Key, y.Key) })
+		return keys
+	}
+	if got, want := keysOf(true), []sqladapters.StreamKey{{Key: "a", Keyed: true}, {Key: "c", Keyed: true}}; !slices.Equal(got, want) {
+		e.t.Fatalf("pending keys with holds %+v, want %+v (c held without pending rows)", got, want)
+	}
+	if got, want := keysOf(false), []sqladapters.StreamKey{{Key: "a", Keyed: true}}; !slices.Equal(got, want) {
+		e.t.Fatalf("pending keys without holds %+v, want %+v", got, want)
+	}
+	read := func(holds bool) []sqladapters.KeyedRow {
+		e.t.Helper()
+		_, rows, err := lg.ReadKeys(e.ctx, e.db, []string{"a", "c"}, true, 10, holds)
+		e.check(err, "ReadKeys")
+		return rows
+	}
+	rows := read(true)
+	if len(rows) != 4 || rows[0].ID != id[0] || rows[0].Holds || rows[1].ID != id[1] || !rows[1].Holds || rows[1].Key != "a" ||
+		rows[2].ID != id[2] || rows[2].Holds || rows[3].ID != id[3] || !rows[3].Holds || rows[3].Key != "c" {
+		e.t.Fatalf("rows of held keys: %+v", rows)
+	}
+	if rows := read(false); len(rows) != 2 || rows[0].ID != id[0] || rows[1].ID != id[2] || rows[0].Holds || rows[1].Holds {
+		e.t.Fatalf("rows of the keys without holds: %+v", rows)
+	}
+	_, err := lg.WriteMessages(e.ctx, e.db, []sqladapters.WrittenMessage{{OutboxMessage: msg("w0", "w", 4), ID: id[4] + 100, Created: time.Now(),
+		Failure: &sqladapters.Failure{Attempts: 3, Error: "refused", Dead: true, Hold: true}}})
+	e.check(err, "WriteMessages")
+	if got := keysOf(true); len(got) != 3 || got[2].Key != "w" {
+		e.t.Fatalf("pending keys with a written dead letter that holds: %+v", got)
+	}
 	e.noneInUse("ReadKeys")
 }
 
@@ -301,7 +350,7 @@ func testLogicalWriteMessages(e *env) {
 		if got, err := e.d.ForwardedIDsBefore(e.ctx, e.db, time.Now().Add(time.Minute), 0, 10); err != nil || !slices.Equal(got, []int64{13}) {
 			e.t.Fatalf("%s: kept rows %v, %v; want 13", when, got, err)
 		}
-		_, keys, err := lg.ReadKeys(e.ctx, e.db, []string{"k"}, false, 10)
+		_, keys, err := lg.ReadKeys(e.ctx, e.db, []string{"k"}, false, 10, false)
 		e.check(err, "ReadKeys")
 		if len(keys) != 2 || keys[0].ID != 10 || keys[0].Due || keys[0].Attempts != 1 || keys[1].ID != 11 {
 			e.t.Fatalf("%s: rows of key k %+v", when, keys)

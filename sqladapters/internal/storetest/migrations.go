@@ -19,6 +19,7 @@ var migrationCases = []testCase{
 	{"MigrateConcurrent", testMigrateConcurrent},
 	{"MigrateFromPreviousVersion", testMigrateFromPrevious},
 	{"MigrateFingerprints", testMigrateFingerprints},
+	{"MigrateHolds", testMigrateHolds},
 	{"MissingTable", testMissingTable},
 }
 
@@ -176,8 +177,8 @@ func (e *env) outboxIDs() []int64 {
 // latest version's statements run again change nothing.
 func testMigrateFromPrevious(e *env) {
 	d, rest := e.migrateTo(5)
-	if len(rest) != 1 {
-		e.t.Fatalf("versions after 4: %d, want 1", len(rest))
+	if len(rest) == 0 || rest[0].Version != 5 {
+		e.t.Fatalf("versions after 4: %+v, want 5 first", rest)
 	}
 	// The previous version's rows, written as it wrote them.
 	e.check(d.InsertOutbox(e.ctx, e.db, []sqladapters.OutboxMessage{
@@ -265,13 +266,13 @@ func testMigrateFromPrevious(e *env) {
 		e.t.Fatalf("prune after the migration: %d, %v", n, err)
 	}
 
-	// Run again, the latest version's statements find their work done.
+	// Run again, version 5's statements find their work done.
 	tx, err := e.db.Begin(e.ctx, sql.TxOptions{})
 	e.check(err, "begin")
 	for _, stmt := range rest[0].Statements {
 		if _, err := tx.Exec(e.ctx, stmt); err != nil {
 			sqladapters.Rollback(tx)
-			e.t.Fatalf("the latest version's statement again: %v\n%s", err, stmt)
+			e.t.Fatalf("version 5's statement again: %v\n%s", err, stmt)
 		}
 	}
 	e.check(tx.Commit(e.ctx), "commit")
@@ -324,6 +325,35 @@ func testMigrateFingerprints(e *env) {
 	e.kill("retrying", id[3])
 	if dl := e.dead(sqladapters.DeadLetterQuery{Filter: sqladapters.DeadLetterFilter{IDs: id[3:]}, Limit: 1}); len(dl) != 1 || dl[0].Fingerprint != sqladapters.FingerprintError("retrying") {
 		e.t.Fatalf("the retrying row after the migration: %+v", dl)
+	}
+	e.noneInUse("Migrate")
+}
+
+// testMigrateHolds migrates an installation of version 5 with a dead
+// letter, recorded there by a forwarder without holds, to the latest: the
+// dead letter holds nothing, and dead letters recorded after hold their
+// keys when asked to.
+func testMigrateHolds(e *env) {
+	d, rest := e.migrateTo(6)
+	if len(rest) == 0 || rest[0].Version != 6 {
+		e.t.Fatalf("versions after 5: %+v, want 6 first", rest)
+	}
+	e.check(d.InsertOutbox(e.ctx, e.db, []sqladapters.OutboxMessage{msg("old-dead", "k", 1), msg("later", "k", 1), msg("new-dead", "n", 2), msg("new-later", "n", 2)}), "InsertOutbox")
+	id := e.outboxIDs()
+	// A forwarder of this version without holds records a dead letter on
+	// the schema of version 5, as during an upgrade.
+	e.fail(sqladapters.Failure{ID: id[0], Attempts: 3, Error: "old", Dead: true})
+
+	e.check(sqladapters.Migrate(e.ctx, e.db, d), "migrate to the latest version")
+	if dls := e.dead(sqladapters.DeadLetterQuery{Limit: 10}); len(dls) != 1 || dls[0].ID != id[0] || dls[0].Holds {
+		e.t.Fatalf("dead letters after the migration: %+v, want %d holding nothing", dls, id[0])
+	}
+	e.fail(sqladapters.Failure{ID: id[2], Attempts: 3, Error: "new", Dead: true, Hold: true})
+	if got, want := e.pendingIDs(sqladapters.PendingQuery{DeadLetterHolds: true, Limit: 10}), id[1:2]; !slices.Equal(got, want) {
+		e.t.Fatalf("held read after the migration: %v, want %v", got, want)
+	}
+	if st := e.stats(); st.HeldKeys != 1 || st.Dead != 2 {
+		e.t.Fatalf("stats after the migration: %+v", st)
 	}
 	e.noneInUse("Migrate")
 }

@@ -53,6 +53,7 @@ func Run(t *testing.T, s Setup) {
 		{"Pending", pendingCases},
 		{"Leases", leaseCases},
 		{"DeadLetters", deadLetterCases},
+		{"Holds", holdCases},
 		{"Inbox", inboxCases},
 		{"Logical", logicalCases},
 	} {

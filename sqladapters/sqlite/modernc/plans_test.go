@@ -18,7 +18,8 @@ import (
 // The backoff check runs once per row read, so it must be an index search,
 // not a scan; and the rows must come from the table's b-tree in id order,
 // without a sort. The dead letters are in a table of their own: the read
-// has none to walk over.
+// has none to walk over; with PendingQuery.DeadLetterHolds, the hold check
+// searches their hold index.
 func TestPlanPendingReadUsesIndexes(t *testing.T) {
 	raw, err := modernc.Open(filepath.Join(t.TempDir(), "plans.db"), modernc.Config{})
 	if err != nil {
@@ -40,7 +41,7 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for id := int64(1); id <= 2900; id += 100 {
-		if _, err := d.RecordFailure(ctx, db, sqladapters.Failure{ID: id, Attempts: 3, Error: "x", Dead: true}); err != nil {
+		if _, err := d.RecordFailure(ctx, db, sqladapters.Failure{ID: id, Attempts: 3, Error: "x", Dead: true, Hold: id == 201}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -53,6 +54,8 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 			{Limit: 2000},
 			{Partitions: 16, Owned: []int{0, 1, 2}, Exclude: []int64{1, 2, 3}, Limit: 2000},
 			{After: 1000, Limit: 2000},
+			{DeadLetterHolds: true, Limit: 2000},
+			{DeadLetterHolds: true, Partitions: 16, Owned: []int{0, 1, 2}, After: 1000, Limit: 2000},
 		} {
 			sel := read(q)
 			rows, err := raw.QueryContext(ctx, "EXPLAIN QUERY PLAN "+sel.SQL, sel.Args...)
@@ -76,8 +79,11 @@ func TestPlanPendingReadUsesIndexes(t *testing.T) {
 			if !strings.Contains(plan, "SEARCH p USING INDEX "+strings.Trim(d.OutboxTable(), `"`)+"_retry_idx") {
 				t.Fatalf("%s: the backoff check does not search the retry index:\n%s\n%s", name, plan, sel.SQL)
 			}
+			if q.DeadLetterHolds && !strings.Contains(plan, "SEARCH h USING INDEX "+strings.Trim(d.OutboxTable(), `"`)+"_deadhold_idx") {
+				t.Fatalf("%s: the hold check does not search the hold index:\n%s\n%s", name, plan, sel.SQL)
+			}
 			for _, s := range steps {
-				if strings.HasPrefix(s, "SCAN p") || strings.Contains(s, "USE TEMP B-TREE") ||
+				if strings.HasPrefix(s, "SCAN p") || strings.HasPrefix(s, "SCAN h") || strings.Contains(s, "USE TEMP B-TREE") ||
 					strings.HasPrefix(s, "SEARCH o") && !strings.Contains(s, "INTEGER PRIMARY KEY") ||
 					strings.HasPrefix(s, "SCAN o") && strings.Contains(s, "INDEX") {
 					t.Fatalf("%s: plan step %q scans the outbox for the check, sorts, or reads rows through an index:\n%s", name, s, plan)
