@@ -20,6 +20,12 @@ type OutboxStats struct {
 	// that the age costs an index lookup, and the lowest one never
 	// requeued, so that an old row behind a fresh requeue still shows.
 	OldestPendingAge time.Duration
+	// Scheduled messages wait in the scheduled table for their due time
+	// (OutboxMessage.DueAt); they are not counted as pending.
+	Scheduled int64
+	// NextDue is the due time of the earliest scheduled message, zero when
+	// none is scheduled.
+	NextDue time.Time
 }
 
 // TopicStats is the outbox of one topic.

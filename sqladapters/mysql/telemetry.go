@@ -13,5 +13,7 @@ func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	(SELECT COUNT(*) FROM ` + d.dead + `),
 	GREATEST(
 		COALESCE((SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY o.id LIMIT 1), 0),
-		COALESCE((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0))`}
+		COALESCE((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0)),
+	(SELECT COUNT(*) FROM ` + d.scheduled + `),
+	` + d.nextDueMicros()}
 }

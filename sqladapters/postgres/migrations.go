@@ -110,6 +110,11 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		Name:       "dead letters and kept rows in tables of their own",
 		Statements: d.ownTables(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version:    6,
+		Name:       "scheduled messages",
+		Statements: d.scheduledTable(),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

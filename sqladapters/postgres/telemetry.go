@@ -16,5 +16,7 @@ func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	greatest(
 		(SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY id LIMIT 1),
 		(SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1),
-		0)`}
+		0),
+	(SELECT count(*) FROM ` + d.scheduled + `),
+	` + d.nextDueMicros()}
 }

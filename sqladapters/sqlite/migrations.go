@@ -136,6 +136,11 @@ ON CONFLICT (id) DO NOTHING`,
 			`DROP INDEX IF EXISTS ` + quote(t+"_dead_fp_idx"),
 		},
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version:    6,
+		Name:       "scheduled messages",
+		Statements: d.scheduledTable(),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

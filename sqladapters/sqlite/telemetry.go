@@ -13,5 +13,7 @@ func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	(SELECT count(*) FROM ` + d.dead + `),
 	max(
 		coalesce((SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY id LIMIT 1), 0),
-		coalesce((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0))`}
+		coalesce((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0)),
+	(SELECT count(*) FROM ` + d.scheduled + `),
+	` + d.nextDueMicros()}
 }
