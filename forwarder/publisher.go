@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -234,12 +235,21 @@ func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string
 		}
 	}
 	rows := make([]sqladapters.OutboxMessage, len(msgs))
+	now := time.Now()
+	var scheduled int
+	var earliest time.Time
 	for i, m := range msgs {
-		row, err := p.toRow(topic, i, m)
+		row, err := p.toRow(topic, i, m, now)
 		if err != nil {
 			return err
 		}
 		rows[i] = row
+		if !row.DueAt.IsZero() {
+			scheduled++
+			if earliest.IsZero() || row.DueAt.Before(earliest) {
+				earliest = row.DueAt
+			}
+		}
 	}
 	if tx == nil {
 		var err error
@@ -247,21 +257,62 @@ func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string
 			return err
 		}
 	}
+	table := p.cfg.Dialect.OutboxTable()
 	if p.cfg.WithoutTable {
-		runs := emit.Split(rows, emitRecordBytes)
+		if err := p.emit(ctx, tx, rows, scheduled); err != nil {
+			return err
+		}
+	} else {
+		if err := p.cfg.Dialect.InsertOutbox(ctx, tx, rows); err != nil {
+			return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), err)
+		}
+		if scheduled < len(rows) {
+			wake(table)
+		}
+	}
+	if scheduled > 0 {
+		wakeAt(table, earliest)
+	}
+	return nil
+}
+
+// emit writes the messages due now into the write-ahead log, and the
+// scheduled ones into the scheduled table: they wait there for their time
+// as those of a publisher with a table do, and reach the forwarder as
+// rows of the outbox. The log comes first, because its check (a slot must
+// exist) refuses the call before anything is written.
+func (p *Publisher) emit(ctx context.Context, tx sqladapters.Tx, rows []sqladapters.OutboxMessage, scheduled int) error {
+	now := rows
+	if scheduled > 0 {
+		now = make([]sqladapters.OutboxMessage, 0, len(rows)-scheduled)
+		for _, r := range rows {
+			if r.DueAt.IsZero() {
+				now = append(now, r)
+			}
+		}
+	}
+	if len(now) > 0 {
+		runs := emit.Split(now, emitRecordBytes)
 		records := make([]sqladapters.EmitRecord, len(runs))
 		for i, run := range runs {
 			records[i] = sqladapters.EmitRecord{Content: emit.Encode(run), Messages: len(run)}
 		}
 		if err := p.cfg.Dialect.Logical().Emit(ctx, tx, records); err != nil {
-			return fmt.Errorf("millbox: write %d message(s) to the outbox without a table: %w", len(msgs), err)
+			return fmt.Errorf("millbox: write %d message(s) to the outbox without a table: %w", len(now), err)
 		}
+	}
+	if scheduled == 0 {
 		return nil
 	}
-	if err := p.cfg.Dialect.InsertOutbox(ctx, tx, rows); err != nil {
-		return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), err)
+	later := make([]sqladapters.OutboxMessage, 0, scheduled)
+	for _, r := range rows {
+		if !r.DueAt.IsZero() {
+			later = append(later, r)
+		}
 	}
-	wake(p.cfg.Dialect.OutboxTable())
+	if err := p.cfg.Dialect.InsertOutbox(ctx, tx, later); err != nil {
+		return fmt.Errorf("millbox: write %d scheduled message(s) to the outbox's scheduled table: %w", len(later), err)
+	}
 	return nil
 }
 
@@ -284,7 +335,7 @@ func (p *Publisher) txFor(msgs []*message.Message) (sqladapters.Tx, context.Cont
 	return tx, ctx, nil
 }
 
-func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.OutboxMessage, error) {
+func (p *Publisher) toRow(topic string, i int, m *message.Message, now time.Time) (sqladapters.OutboxMessage, error) {
 	if m == nil {
 		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %d is nil", ErrInvalidMessage, i)
 	}
@@ -340,6 +391,10 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: %d bytes (payload %d, metadata %d, ordering key %d, UUID %d) exceed MaxMessageBytesWithoutTable %d",
 			ErrInvalidMessage, m.UUID, size, len(payload), len(md), len(key), len(m.UUID), MaxMessageBytesWithoutTable)
 	}
+	due, err := dueAt(m, now)
+	if err != nil {
+		return sqladapters.OutboxMessage{}, err
+	}
 	// Rows without a key spread over the partitions by their UUID.
 	hash := KeyHash(key)
 	if key == "" {
@@ -352,6 +407,7 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 		Metadata: md,
 		Key:      key,
 		KeyHash:  hash,
+		DueAt:    due,
 	}, nil
 }
 
