@@ -30,6 +30,8 @@ type Status struct {
 	// Pending and Dead count the rows of the outbox (every instance's).
 	Pending int64
 	Dead    int64
+	// Scheduled counts the delayed messages waiting for their due time.
+	Scheduled int64
 	// OldestPendingAge is the age of the oldest pending row, 0 when
 	// nothing is pending, negative when the dialect cannot tell.
 	OldestPendingAge time.Duration
@@ -92,6 +94,7 @@ type statusDetail struct {
 	LastErrorAt             *time.Time `json:"last_error_at,omitempty"`
 	Pending                 int64      `json:"pending"`
 	Dead                    int64      `json:"dead"`
+	Scheduled               int64      `json:"scheduled"`
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds,omitempty"`
 }
 
@@ -102,6 +105,7 @@ func newStatusDetail(s Status) *statusDetail {
 		LastError:  s.LastError,
 		Pending:    s.Pending,
 		Dead:       s.Dead,
+		Scheduled:  s.Scheduled,
 	}
 	if d.Partitions == nil {
 		d.Partitions = []int{}

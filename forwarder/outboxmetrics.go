@@ -49,10 +49,10 @@ func (o OutboxMetricsOptions) Validate() error {
 	return nil
 }
 
-// RegisterOutboxMetrics reports the outbox of d as three observable gauges
+// RegisterOutboxMetrics reports the outbox of d as four observable gauges
 // of mp (otel.GetMeterProvider() when nil), with the attribute
-// millbox.outbox.table: MetricOutboxPending, MetricOutboxOldestPendingAge
-// and MetricOutboxDeadLetters. Each collection runs at most one cheap
+// millbox.outbox.table: MetricOutboxPending, MetricOutboxOldestPendingAge,
+// MetricOutboxDeadLetters and MetricOutboxScheduled. Each collection runs at most one cheap
 // statement on db (sqladapters.Dialect.OutboxStats), and none when the
 // last read is younger than MinInterval. A failed read is logged and its
 // collection reports nothing for this outbox.
@@ -86,7 +86,10 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 	dead, err3 := meter.Int64ObservableGauge(MetricOutboxDeadLetters,
 		metric.WithUnit("{message}"),
 		metric.WithDescription("Dead letters of the outbox: rows that exhausted their attempts."))
-	if err := errors.Join(err1, err2, err3); err != nil {
+	scheduled, err4 := meter.Int64ObservableGauge(MetricOutboxScheduled,
+		metric.WithUnit("{message}"),
+		metric.WithDescription("Scheduled messages of the outbox: delayed messages waiting for their due time."))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return nil, err
 	}
 	attrs := metric.WithAttributes(AttrOutboxTable.String(tableLabel(d)))
@@ -100,9 +103,10 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 		}
 		o.ObserveInt64(pending, s.Pending, attrs)
 		o.ObserveInt64(dead, s.Dead, attrs)
+		o.ObserveInt64(scheduled, s.Scheduled, attrs)
 		o.ObserveFloat64(age, s.OldestPendingAge.Seconds(), attrs)
 		return nil
-	}, pending, age, dead)
+	}, pending, age, dead, scheduled)
 	if err != nil {
 		return nil, err
 	}

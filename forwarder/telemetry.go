@@ -59,6 +59,9 @@ const (
 	MetricOutboxOldestPendingAge = "millbox.outbox.oldest_pending_age"
 	// MetricOutboxDeadLetters is the number of dead letters of the outbox.
 	MetricOutboxDeadLetters = "millbox.outbox.dead_letters"
+	// MetricOutboxScheduled is the number of scheduled messages: delayed
+	// messages waiting for their due time, not yet pending.
+	MetricOutboxScheduled = "millbox.outbox.scheduled"
 )
 
 // Attribute keys that the semantic conventions do not define.
@@ -438,6 +441,7 @@ func (t *telemetry) status(running bool, partitions []int, stats sqladapters.Out
 		Partitions:       partitions,
 		Pending:          stats.Pending,
 		Dead:             stats.Dead,
+		Scheduled:        stats.Scheduled,
 		OldestPendingAge: stats.OldestPendingAge,
 	}
 	s.LastPublish, s.LastError, s.LastErrorAt = t.health()

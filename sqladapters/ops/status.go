@@ -11,8 +11,9 @@ import (
 // Status is a snapshot of an installation. Counts are read by separate
 // statements, so under load they may not add up exactly.
 type Status struct {
-	// OutboxStats sums Topics: the pending rows and dead letters of every
-	// topic, and how long the oldest pending row has waited.
+	// OutboxStats sums Topics: the pending rows, dead letters and
+	// scheduled messages of every topic, how long the oldest pending row
+	// has waited, and the earliest due time.
 	sqladapters.OutboxStats
 	// Retrying rows are pending rows that failed at least once.
 	Retrying int64
@@ -55,6 +56,10 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 		st.Dead += t.Dead
 		st.ForwardedKept += t.ForwardedKept
 		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
+		st.Scheduled += t.Scheduled
+		if !t.NextDue.IsZero() && (st.NextDue.IsZero() || t.NextDue.Before(st.NextDue)) {
+			st.NextDue = t.NextDue
+		}
 	}
 	if st.Consumers, err = o.d.InboxStats(ctx, o.db); err != nil {
 		return Status{}, fail("status of the inbox", err)
