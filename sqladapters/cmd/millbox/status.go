@@ -61,14 +61,14 @@ type jsonStatus struct {
 }
 
 type jsonTopic struct {
-	Topic                   string  `json:"topic"`
-	Pending                 int64   `json:"pending"`
-	Retrying                int64   `json:"retrying"`
+	Topic                   string     `json:"topic"`
+	Pending                 int64      `json:"pending"`
+	Retrying                int64      `json:"retrying"`
 	OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
 	Scheduled               int64      `json:"scheduled"`
 	NextDue                 *time.Time `json:"next_due,omitempty"`
 	DeadLetters             int64      `json:"dead_letters"`
-	ForwardedKept           int64   `json:"forwarded_kept"`
+	ForwardedKept           int64      `json:"forwarded_kept"`
 }
 
 type jsonConsumer struct {
