@@ -49,8 +49,9 @@ var (
 	// not valid UTF-8 or holds a NUL byte, with a payload larger than
 	// MaxPayloadBytes, or larger as a whole than the dialect's
 	// MaxMessageBytes (sqladapters.Dialect), or, without a table, than
-	// MaxMessageBytesWithoutTable. The error names the field and
-	// the limit. Publish checks every message of a call before it writes
+	// MaxMessageBytesWithoutTable, or with a delay field that cannot be
+	// read (DelayedUntilMetadataField, DelayedForMetadataField). The error
+	// names the field and the limit or the value. Publish checks every message of a call before it writes
 	// any, so the caller's transaction stays usable.
 	ErrInvalidMessage = errors.New("millbox: invalid message")
 	// ErrInvalidConfig is returned by constructors for a bad config.
@@ -104,7 +105,10 @@ type PublisherConfig struct {
 	// until the slot confirms them: a slot dropped or invalidated
 	// (max_slot_wal_keep_size) before it did loses them, which a table
 	// would not; see forwarder/cdc's documentation for the guardrails.
-	// Messages are at most MaxMessageBytesWithoutTable. Defaults to false.
+	// Messages are at most MaxMessageBytesWithoutTable. Delayed messages
+	// are written into the outbox's table of scheduled messages, which
+	// must exist, and reach the forwarder as rows of the outbox once due.
+	// Defaults to false.
 	WithoutTable bool
 	// Telemetry.Propagator stores the trace context of each message's
 	// context (msg.SetContext) in its metadata, so that the trace of the
@@ -179,8 +183,10 @@ func newPublisher(tx sqladapters.Tx, cfg PublisherConfig) (*Publisher, error) {
 
 // Publish writes msgs to the outbox for topic, in one round trip per up to
 // a few thousand messages. The messages keep their order: they get
-// ascending outbox ids. Publishing no message is a no-op. A call that fails
-// writes none of its messages.
+// ascending outbox ids. A message with a due time in the future (Watermill's
+// delay metadata, DeliverAt) waits in the scheduled table until then (see
+// the package doc, "Delayed messages"). Publishing no message is a no-op.
+// A call that fails writes none of its messages.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return p.publish(nil, nil, topic, msgs)
 }
