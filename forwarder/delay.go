@@ -41,8 +41,9 @@ func DeliverAfter(msg *message.Message, d time.Duration) {
 // none or when the time is not after now, so that the message goes at
 // once.
 func dueAt(m *message.Message, now time.Time) (time.Time, error) {
-	until, hasUntil := m.Metadata[DelayedUntilMetadataField]
-	forText, hasFor := m.Metadata[DelayedForMetadataField]
+	// An empty field is no delay, as Watermill's delay publisher reads it.
+	until, forText := m.Metadata.Get(DelayedUntilMetadataField), m.Metadata.Get(DelayedForMetadataField)
+	hasUntil, hasFor := until != "", forText != ""
 	var due time.Time
 	if hasUntil {
 		t, err := time.Parse(time.RFC3339, until)

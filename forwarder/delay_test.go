@@ -50,6 +50,7 @@ func TestDueAt(t *testing.T) {
 		{"until wins over for", msg(map[string]string{DelayedUntilMetadataField: at.Format(time.RFC3339), DelayedForMetadataField: "5h"}), at, at},
 		{"for alone", msg(map[string]string{DelayedForMetadataField: "90s"}), now.Add(90 * time.Second), now.Add(90 * time.Second)},
 		{"negative for", msg(map[string]string{DelayedForMetadataField: "-90s"}), time.Time{}, time.Time{}},
+		{"empty fields", msg(map[string]string{DelayedUntilMetadataField: "", DelayedForMetadataField: ""}), time.Time{}, time.Time{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := dueAt(c.m, now)
