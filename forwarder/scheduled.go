@@ -22,9 +22,23 @@ type mover struct {
 	sub *dueSub
 	// next is when the mover looks next; it looks at least once per
 	// PollInterval, and at the earliest due time it knows of.
-	next    time.Time
+	next time.Time
+	// awaited is the earliest due time a publisher of this process
+	// reported and no move has answered yet. The publisher reports before
+	// its transaction commits, so when that time comes and the move finds
+	// nothing, the mover looks again after retry, doubling up to
+	// awaitRetryMax (the transaction may also have rolled back).
+	awaited time.Time
+	retry   time.Duration
 	lastErr time.Time // when an error was last logged
 }
+
+// awaitRetryMin and awaitRetryMax bound the looks again after a due time
+// a publisher of this process reported.
+const (
+	awaitRetryMin = 20 * time.Millisecond
+	awaitRetryMax = 2 * time.Second
+)
 
 // newMover subscribes to the due times this process's publishers write.
 func newMover(f *Forwarder) (*mover, func()) {
@@ -41,14 +55,17 @@ func (m *mover) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-m.sub.ch:
-			if t := m.sub.take(); !t.IsZero() && t.Before(m.next) {
-				m.next = t
-				timer.Reset(time.Until(t))
+			if t := m.sub.take(); !t.IsZero() {
+				m.await(t)
+				if t.Before(m.next) {
+					m.next = t
+					timer.Reset(time.Until(t))
+				}
 			}
 			continue
 		case <-timer.C:
 		}
-		next, err := m.move(ctx)
+		moved, next, err := m.move(ctx)
 		if err != nil && ctx.Err() == nil {
 			m.logError(err)
 		}
@@ -56,8 +73,17 @@ func (m *mover) run(ctx context.Context) {
 		if !next.IsZero() {
 			wait = min(wait, time.Until(next))
 		}
+		if !m.awaited.IsZero() && !time.Now().Before(m.awaited) {
+			if moved > 0 || m.retry >= awaitRetryMax {
+				m.awaited, m.retry = time.Time{}, 0
+			} else {
+				m.retry = max(2*m.retry, awaitRetryMin)
+				wait = min(wait, m.retry)
+			}
+		}
 		// A due time reported while the move ran may come before it.
 		if t := m.sub.take(); !t.IsZero() {
+			m.await(t)
 			wait = min(wait, time.Until(t))
 		}
 		wait = max(wait, 0)
@@ -66,9 +92,17 @@ func (m *mover) run(ctx context.Context) {
 	}
 }
 
-// move moves every message due now, a batch at a time, and returns the
-// earliest due time still scheduled (zero when none is).
-func (m *mover) move(ctx context.Context) (time.Time, error) {
+// await notes a due time a publisher of this process reported.
+func (m *mover) await(t time.Time) {
+	if m.awaited.IsZero() || t.Before(m.awaited) {
+		m.awaited, m.retry = t, 0
+	}
+}
+
+// move moves every message due now, a batch at a time, and returns how
+// many it moved and the earliest due time still scheduled (zero when none
+// is).
+func (m *mover) move(ctx context.Context) (int64, time.Time, error) {
 	var total int64
 	defer func() {
 		if total > 0 {
@@ -80,7 +114,7 @@ func (m *mover) move(ctx context.Context) (time.Time, error) {
 		n, next, err := m.f.cfg.Dialect.MoveDue(ctx, m.f.cfg.DB, time.Now(), m.f.cfg.BatchSize)
 		total += n
 		if err != nil || n < int64(m.f.cfg.BatchSize) || ctx.Err() != nil {
-			return next, err
+			return total, next, err
 		}
 	}
 }

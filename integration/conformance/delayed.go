@@ -130,6 +130,31 @@ func delayed(t *testing.T, env Env, fast func(t testing.TB, d sqladapters.Dialec
 		}
 	})
 
+	// With a PollInterval of an hour, only the due times the forwarder
+	// learns wake it: from the table when it starts (a message written by
+	// another process), and from a publisher in its own process.
+	t.Run("WokenAtTheDueTime", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		other := sqladapters.OutboxMessage{Topic: "delayed", UUID: watermill.NewUUID(), Payload: []byte("other"), Metadata: []byte(`{}`),
+			DueAt: time.Now().Add(500 * time.Millisecond)}
+		if err := d.InsertOutbox(ctx, env.DB, []sqladapters.OutboxMessage{other}); err != nil {
+			t.Fatal(err)
+		}
+		cfg := fast(t, d, rec)
+		cfg.PollInterval = time.Hour
+		StartForwarder(t, cfg)
+		rec.WaitFor(t, 1, 30*time.Second)
+		tx := src.MustBegin(t, ctx)
+		m := message.NewMessage(watermill.NewUUID(), []byte("here"))
+		forwarder.DeliverAfter(m, 500*time.Millisecond)
+		if err := newPub(t, tx, d).Publish("delayed", m); err != nil {
+			t.Fatal(err)
+		}
+		commit(t, ctx, tx)
+		rec.WaitFor(t, 2, 30*time.Second)
+	})
+
 	t.Run("BadDelayIsRefused", func(t *testing.T) {
 		d := env.NewDialect(t)
 		tx := src.MustBegin(t, ctx)
