@@ -51,8 +51,9 @@ var (
 	// MaxMessageBytes (sqladapters.Dialect), or, without a table, than
 	// MaxMessageBytesWithoutTable, or with a delay field that cannot be
 	// read (DelayedUntilMetadataField, DelayedForMetadataField). The error
-	// names the field and the limit or the value. Publish checks every message of a call before it writes
-	// any, so the caller's transaction stays usable.
+	// names the field and the limit or the value. Publish checks every
+	// message of a call before it writes any, so the caller's transaction
+	// stays usable.
 	ErrInvalidMessage = errors.New("millbox: invalid message")
 	// ErrInvalidConfig is returned by constructors for a bad config.
 	ErrInvalidConfig = sqladapters.ErrInvalidConfig
@@ -286,7 +287,12 @@ func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string
 // scheduled ones into the scheduled table: they wait there for their time
 // as those of a publisher with a table do, and reach the forwarder as
 // rows of the outbox. The log comes first, because its check (a slot must
-// exist) refuses the call before anything is written.
+// exist) refuses the call before anything is written. A failed insert of
+// the scheduled ones then aborts the transaction, as any failed statement
+// does on PostgreSQL, unless the insert took several statements (more
+// than 5,000 scheduled messages), which run under a savepoint: then the
+// logged messages stay in the transaction, and the caller must roll it
+// back as the error says.
 func (p *Publisher) emit(ctx context.Context, tx sqladapters.Tx, rows []sqladapters.OutboxMessage, scheduled int) error {
 	now := rows
 	if scheduled > 0 {
@@ -317,6 +323,9 @@ func (p *Publisher) emit(ctx context.Context, tx sqladapters.Tx, rows []sqladapt
 		}
 	}
 	if err := p.cfg.Dialect.InsertOutbox(ctx, tx, later); err != nil {
+		if len(now) > 0 {
+			return fmt.Errorf("millbox: write %d scheduled message(s) to the outbox's scheduled table (roll the transaction back: it holds the call's %d other message(s)): %w", len(later), len(now), err)
+		}
 		return fmt.Errorf("millbox: write %d scheduled message(s) to the outbox's scheduled table: %w", len(later), err)
 	}
 	return nil
