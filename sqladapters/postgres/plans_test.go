@@ -271,6 +271,49 @@ func TestPlanOutboxInsertTakesTransactionIDFirst(t *testing.T) {
 	}
 }
 
+// TestMoveDueTakesTransactionIDOnlyToMove checks that the move of due
+// scheduled messages, which every forwarder instance runs at least once a
+// PollInterval, takes no transaction id (and so writes no commit record)
+// when nothing is due, and that it has taken one once it moved a row.
+func TestMoveDueTakesTransactionIDOnlyToMove(t *testing.T) {
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	ctx := dialecttest.Ctx(t, time.Minute)
+	d := pgtest.Dialect(t, db, pool, postgres.Options{})
+	later := sqladapters.OutboxMessage{Topic: "t", UUID: "a", Payload: []byte{}, Metadata: []byte("{}"), DueAt: time.Now().Add(time.Hour)}
+	if err := d.InsertOutbox(ctx, db, []sqladapters.OutboxMessage{later}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		now  time.Time
+		want bool
+	}{{time.Now(), false}, {time.Now().Add(2 * time.Hour), true}} {
+		tx, err := db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved, _, err := d.MoveDue(ctx, tx, c.now, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var assigned bool
+		rows, err := tx.Query(ctx, `SELECT pg_current_xact_id_if_assigned() IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			if err := rows.Scan(&assigned); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rows.Close()
+		sqladapters.Rollback(tx)
+		if assigned != c.want || (moved > 0) != c.want {
+			t.Fatalf("move at %v: %d moved, transaction id taken %v; want %v", c.now, moved, assigned, c.want)
+		}
+	}
+}
+
 // TestPlanErrorGroupPageReadsOneGroup reads a page of one error group
 // among 1,000,000 dead letters, as the admin page does for anyone who may
 // view it: the page must come from the fingerprint index, in id order,

@@ -93,11 +93,13 @@ func (d *sqlDialect) scheduledChunk(msgs []sqladapters.OutboxMessage) sqladapter
 // MoveDue moves the due rows in one statement: the DELETE locks up to
 // limit of the earliest due rows, skipping those a concurrent move holds,
 // and the INSERT writes them into the outbox by due time and id, so that
-// outbox ids follow that order. The one-time filter on pg_current_xact_id()
-// gives the transaction its id before the identity default draws the
-// rows' ids, as the outbox insert does (see InsertOutbox). The rows get a
-// new created_at: their age counts from when they became due, and on a
-// partitioned outbox they land in the current partition.
+// outbox ids follow that order. The DELETE hands a row to the INSERT only
+// once it has deleted it, which gives the transaction its id before the
+// identity default draws the first row id, as PendingHorizon needs (the
+// outbox insert takes it with a filter, see InsertOutbox); a move that
+// finds nothing due takes no transaction id and writes nothing. The rows
+// get a new created_at: their age counts from when they became due, and
+// on a partitioned outbox they land in the current partition.
 func (d *sqlDialect) MoveDue(now time.Time, limit int) []sqladapters.Query {
 	return []sqladapters.Query{{
 		SQL: `WITH due AS (
@@ -106,9 +108,7 @@ func (d *sqlDialect) MoveDue(now time.Time, limit int) []sqladapters.Query {
 		ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED)
 	RETURNING id, topic, uuid, payload, metadata, key, key_hash, due_at)
 INSERT INTO ` + d.outbox + ` (topic, uuid, payload, metadata, key, key_hash)
-SELECT topic, uuid, payload, metadata, key, key_hash FROM due
-WHERE pg_current_xact_id() IS NOT NULL
-ORDER BY due_at, id`,
+SELECT topic, uuid, payload, metadata, key, key_hash FROM due ORDER BY due_at, id`,
 		Args: []any{now.UTC(), limit},
 	}}
 }
