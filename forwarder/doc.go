@@ -51,13 +51,13 @@
 // stays a walk of the outbox's primary key however many messages wait.
 // Every forwarder instance, with either source, moves due messages into
 // the outbox in one transaction per batch (sqladapters.Dialect.MoveDue;
-// concurrent instances skip each other's rows and never move one twice):
-// at least once per PollInterval, and at the earliest due time it knows
-// of. It learns that time from the table at each look and at once from
+// concurrent instances never move a message twice): at least once per
+// PollInterval, and at the earliest due time it knows of. It learns that time from the table at each look and at once from
 // publishers in its own process. A delayed message therefore arrives no
 // earlier than its due time and normally within PollInterval after it;
 // due times are compared with the clock of the forwarder's machine. While
-// no forwarder runs, due messages wait. A publisher with
+// no forwarder runs, due messages wait. The table comes with migration 6;
+// a forwarder refuses to start without it. A publisher with
 // PublisherConfig.WithoutTable writes its delayed messages into the same
 // table (the write is unavoidable) and the rest of the call into the log.
 //
