@@ -55,7 +55,10 @@ func Example_migrate() {
 	// Output:
 	// millbox_inbox
 	// millbox_outbox
+	// millbox_outbox_dead
+	// millbox_outbox_kept
 	// millbox_outbox_leases
 	// millbox_outbox_members
 	// millbox_outbox_migrations
+	// millbox_outbox_scheduled
 }
