@@ -31,6 +31,47 @@
 // aggregate's row before publishing; two transactions writing the same key
 // concurrently have no defined order between them.
 //
+// # Delayed messages
+//
+// A message whose metadata carries Watermill's delay fields is held back
+// until its due time: _watermill_delayed_until (RFC 3339, as
+// delay.Message from github.com/ThreeDotsLabs/watermill/components/delay
+// sets it) or, without it, _watermill_delayed_for (a Go duration counted
+// from the Publish call). DeliverAt and DeliverAfter set the same fields
+// with the time to the nanosecond; delay.Until and delay.For write it to
+// the second, so such a message is due at the start of that second. A
+// due time that has passed publishes the message at once. A value that
+// cannot be read fails Publish with ErrInvalidMessage naming the field and
+// the value, and nothing of the call is written. The fields stay in the
+// metadata the destination receives.
+//
+// A delayed message is written, in the caller's transaction, into a table
+// of its own (the outbox's name with _scheduled, ordered by due time), so
+// the outbox keeps only rows that must go now and the forwarder's read
+// stays a walk of the outbox's primary key however many messages wait.
+// Every forwarder instance, with either source, moves due messages into
+// the outbox in one transaction per batch (sqladapters.Dialect.MoveDue;
+// concurrent instances never move a message twice): at least once per
+// PollInterval, and at the earliest due time it knows of. It learns that time from the table at each look and at once from
+// publishers in its own process. A delayed message therefore arrives no
+// earlier than its due time and normally within PollInterval after it;
+// due times are compared with the clock of the forwarder's machine. While
+// no forwarder runs, due messages wait. The table comes with migration 7;
+// a forwarder refuses to start without it. A publisher with
+// PublisherConfig.WithoutTable writes its delayed messages into the same
+// table (the write is unavoidable) and the rest of the call into the log.
+//
+// Order: a delayed message does not hold back the undelayed messages of
+// its key published after it. When it is moved it becomes an ordinary
+// outbox row of its key and takes its place there: after the key's
+// messages already in the outbox at that moment, before those published
+// later. Delayed messages of a key due at the same time keep their publish
+// order; those with different due times go in due-time order. Pending
+// counts leave scheduled messages out: sqladapters.OutboxStats,
+// ops.Status, the millbox command, the admin page and the
+// millbox.outbox.scheduled gauge count them on their own, and a delayed
+// message's pending age counts from when it was moved.
+//
 // # One engine, two sources
 //
 // A Forwarder is one engine driving one source of rows (Config.Source).

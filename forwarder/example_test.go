@@ -3,8 +3,10 @@ package forwarder_test
 import (
 	"context"
 	"log"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -124,5 +126,39 @@ func ExampleNew() {
 	}
 	if err := <-done; err != nil {
 		log.Print(err)
+	}
+}
+
+// Send a reminder a day after the order, and an event through Watermill's
+// delay component a minute after it: both wait in the outbox's table of
+// scheduled messages, written in the order's transaction, and the
+// forwarder sends them when they are due.
+func ExampleDeliverAfter() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: postgres.MustNew(postgres.Options{})})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx) // does nothing after Commit
+	reminder := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"order-1"}`))
+	reminder.Metadata.Set(forwarder.DefaultKeyMetadataField, "customer-7")
+	forwarder.DeliverAfter(reminder, 24*time.Hour)
+	followUp := message.NewMessage(watermill.NewUUID(), []byte(`{"order":"order-1"}`))
+	delay.Message(followUp, delay.For(time.Minute))
+	if err := outbox.PublishTx(ctx, pgxv5.WrapTx(tx), "reminders", reminder, followUp); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		log.Fatal(err)
 	}
 }

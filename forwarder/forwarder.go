@@ -126,14 +126,27 @@ func (f *Forwarder) run(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := f.checkScheduled(ctx); err != nil {
+		err = fmt.Errorf("millbox: forwarder start: scheduled messages: %w", err)
+		f.cfg.Logger.Error("millbox forwarder: cannot start", err, nil)
+		return err
+	}
 	if err := f.tel.observe(f.isRunning, func() int { return len(f.src.Partitions()) }); err != nil {
 		f.cfg.Logger.Error("millbox forwarder: cannot register its gauges", err, nil)
 	}
 	defer func() { _ = f.tel.close() }()
 
+	mv, unsubscribe := newMover(f)
+	defer unsubscribe()
+	moving := make(chan struct{})
+	go func() {
+		defer close(moving)
+		mv.run(ctx)
+	}()
 	e := newEngine(f, ctx)
 	wait := f.src.Start(ctx, e)
 	e.loop()
+	<-moving
 	// Nothing is in flight any more: calls, failure records, deletes and
 	// the source's reads have ended. The source hands over what it holds.
 	wait()

@@ -33,6 +33,8 @@ type Status struct {
 	// HeldKeys counts the ordering keys held by a dead letter
 	// (Config.DeadLetterHoldsKey).
 	HeldKeys int64
+	// Scheduled counts the delayed messages waiting for their due time.
+	Scheduled int64
 	// OldestPendingAge is the age of the oldest pending row, 0 when
 	// nothing is pending, negative when the dialect cannot tell.
 	OldestPendingAge time.Duration
@@ -96,6 +98,7 @@ type statusDetail struct {
 	Pending                 int64      `json:"pending"`
 	Dead                    int64      `json:"dead"`
 	HeldKeys                int64      `json:"held_keys,omitempty"`
+	Scheduled               int64      `json:"scheduled"`
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds,omitempty"`
 }
 
@@ -107,6 +110,7 @@ func newStatusDetail(s Status) *statusDetail {
 		Pending:    s.Pending,
 		Dead:       s.Dead,
 		HeldKeys:   s.HeldKeys,
+		Scheduled:  s.Scheduled,
 	}
 	if d.Partitions == nil {
 		d.Partitions = []int{}

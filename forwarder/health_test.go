@@ -154,5 +154,5 @@ func ExampleHealthHandler() {
 	}
 	// Output:
 	// 200 {"status":"ok"}
-	// 503 {"status":"not_ready","reasons":["the oldest pending message is 10m0s old, over the limit of 5m0s"],"forwarder":{"running":true,"partitions":[0,1],"pending":42,"dead":0,"oldest_pending_age_seconds":600}}
+	// 503 {"status":"not_ready","reasons":["the oldest pending message is 10m0s old, over the limit of 5m0s"],"forwarder":{"running":true,"partitions":[0,1],"pending":42,"dead":0,"scheduled":0,"oldest_pending_age_seconds":600}}
 }

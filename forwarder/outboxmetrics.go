@@ -52,9 +52,10 @@ func (o OutboxMetricsOptions) Validate() error {
 // RegisterOutboxMetrics reports the outbox of d as four observable gauges
 // of mp (otel.GetMeterProvider() when nil), with the attribute
 // millbox.outbox.table: MetricOutboxPending, MetricOutboxOldestPendingAge,
-// MetricOutboxDeadLetters and MetricOutboxHeldKeys. Each collection runs
-// at most one cheap statement on db (sqladapters.Dialect.OutboxStats), and
-// none when the last read is younger than MinInterval. A failed read is logged and its
+// MetricOutboxDeadLetters, MetricOutboxHeldKeys and MetricOutboxScheduled.
+// Each collection runs at most one cheap statement on db
+// (sqladapters.Dialect.OutboxStats), and none when the last read is
+// younger than MinInterval. A failed read is logged and its
 // collection reports nothing for this outbox.
 //
 // The gauges do not depend on a forwarder: register them once per outbox
@@ -89,7 +90,10 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 	held, err4 := meter.Int64ObservableGauge(MetricOutboxHeldKeys,
 		metric.WithUnit("{key}"),
 		metric.WithDescription("Ordering keys held by a dead letter: their later messages wait until it is requeued or discarded."))
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
+	scheduled, err5 := meter.Int64ObservableGauge(MetricOutboxScheduled,
+		metric.WithUnit("{message}"),
+		metric.WithDescription("Scheduled messages of the outbox: delayed messages waiting for their due time."))
+	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return nil, err
 	}
 	attrs := metric.WithAttributes(AttrOutboxTable.String(tableLabel(d)))
@@ -104,9 +108,10 @@ func RegisterOutboxMetrics(mp metric.MeterProvider, db sqladapters.Executor, d s
 		o.ObserveInt64(pending, s.Pending, attrs)
 		o.ObserveInt64(dead, s.Dead, attrs)
 		o.ObserveInt64(held, s.HeldKeys, attrs)
+		o.ObserveInt64(scheduled, s.Scheduled, attrs)
 		o.ObserveFloat64(age, s.OldestPendingAge.Seconds(), attrs)
 		return nil
-	}, pending, age, dead, held)
+	}, pending, age, dead, held, scheduled)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -48,9 +49,11 @@ var (
 	// not valid UTF-8 or holds a NUL byte, with a payload larger than
 	// MaxPayloadBytes, or larger as a whole than the dialect's
 	// MaxMessageBytes (sqladapters.Dialect), or, without a table, than
-	// MaxMessageBytesWithoutTable. The error names the field and
-	// the limit. Publish checks every message of a call before it writes
-	// any, so the caller's transaction stays usable.
+	// MaxMessageBytesWithoutTable, or with a delay field that cannot be
+	// read (DelayedUntilMetadataField, DelayedForMetadataField). The error
+	// names the field and the limit or the value. Publish checks every
+	// message of a call before it writes any, so the caller's transaction
+	// stays usable.
 	ErrInvalidMessage = errors.New("millbox: invalid message")
 	// ErrInvalidConfig is returned by constructors for a bad config.
 	ErrInvalidConfig = sqladapters.ErrInvalidConfig
@@ -103,7 +106,10 @@ type PublisherConfig struct {
 	// until the slot confirms them: a slot dropped or invalidated
 	// (max_slot_wal_keep_size) before it did loses them, which a table
 	// would not; see forwarder/cdc's documentation for the guardrails.
-	// Messages are at most MaxMessageBytesWithoutTable. Defaults to false.
+	// Messages are at most MaxMessageBytesWithoutTable. Delayed messages
+	// are written into the outbox's table of scheduled messages, which
+	// must exist, and reach the forwarder as rows of the outbox once due.
+	// Defaults to false.
 	WithoutTable bool
 	// Telemetry.Propagator stores the trace context of each message's
 	// context (msg.SetContext) in its metadata, so that the trace of the
@@ -178,8 +184,10 @@ func newPublisher(tx sqladapters.Tx, cfg PublisherConfig) (*Publisher, error) {
 
 // Publish writes msgs to the outbox for topic, in one round trip per up to
 // a few thousand messages. The messages keep their order: they get
-// ascending outbox ids. Publishing no message is a no-op. A call that fails
-// writes none of its messages.
+// ascending outbox ids. A message with a due time in the future (Watermill's
+// delay metadata, DeliverAt) waits in the scheduled table until then (see
+// the package doc, "Delayed messages"). Publishing no message is a no-op.
+// A call that fails writes none of its messages.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return p.publish(nil, nil, topic, msgs)
 }
@@ -234,12 +242,21 @@ func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string
 		}
 	}
 	rows := make([]sqladapters.OutboxMessage, len(msgs))
+	now := time.Now()
+	var scheduled int
+	var earliest time.Time
 	for i, m := range msgs {
-		row, err := p.toRow(topic, i, m)
+		row, err := p.toRow(topic, i, m, now)
 		if err != nil {
 			return err
 		}
 		rows[i] = row
+		if !row.DueAt.IsZero() {
+			scheduled++
+			if earliest.IsZero() || row.DueAt.Before(earliest) {
+				earliest = row.DueAt
+			}
+		}
 	}
 	if tx == nil {
 		var err error
@@ -247,21 +264,70 @@ func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string
 			return err
 		}
 	}
+	table := p.cfg.Dialect.OutboxTable()
 	if p.cfg.WithoutTable {
-		runs := emit.Split(rows, emitRecordBytes)
+		if err := p.emit(ctx, tx, rows, scheduled); err != nil {
+			return err
+		}
+	} else {
+		if err := p.cfg.Dialect.InsertOutbox(ctx, tx, rows); err != nil {
+			return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), err)
+		}
+		if scheduled < len(rows) {
+			wake(table)
+		}
+	}
+	if scheduled > 0 {
+		wakeAt(table, earliest)
+	}
+	return nil
+}
+
+// emit writes the messages due now into the write-ahead log, and the
+// scheduled ones into the scheduled table: they wait there for their time
+// as those of a publisher with a table do, and reach the forwarder as
+// rows of the outbox. The log comes first, because its check (a slot must
+// exist) refuses the call before anything is written. A failed insert of
+// the scheduled ones then aborts the transaction, as any failed statement
+// does on PostgreSQL, unless the insert took several statements (more
+// than 5,000 scheduled messages), which run under a savepoint: then the
+// logged messages stay in the transaction, and the caller must roll it
+// back as the error says.
+func (p *Publisher) emit(ctx context.Context, tx sqladapters.Tx, rows []sqladapters.OutboxMessage, scheduled int) error {
+	now := rows
+	if scheduled > 0 {
+		now = make([]sqladapters.OutboxMessage, 0, len(rows)-scheduled)
+		for _, r := range rows {
+			if r.DueAt.IsZero() {
+				now = append(now, r)
+			}
+		}
+	}
+	if len(now) > 0 {
+		runs := emit.Split(now, emitRecordBytes)
 		records := make([]sqladapters.EmitRecord, len(runs))
 		for i, run := range runs {
 			records[i] = sqladapters.EmitRecord{Content: emit.Encode(run), Messages: len(run)}
 		}
 		if err := p.cfg.Dialect.Logical().Emit(ctx, tx, records); err != nil {
-			return fmt.Errorf("millbox: write %d message(s) to the outbox without a table: %w", len(msgs), err)
+			return fmt.Errorf("millbox: write %d message(s) to the outbox without a table: %w", len(now), err)
 		}
+	}
+	if scheduled == 0 {
 		return nil
 	}
-	if err := p.cfg.Dialect.InsertOutbox(ctx, tx, rows); err != nil {
-		return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), err)
+	later := make([]sqladapters.OutboxMessage, 0, scheduled)
+	for _, r := range rows {
+		if !r.DueAt.IsZero() {
+			later = append(later, r)
+		}
 	}
-	wake(p.cfg.Dialect.OutboxTable())
+	if err := p.cfg.Dialect.InsertOutbox(ctx, tx, later); err != nil {
+		if len(now) > 0 {
+			return fmt.Errorf("millbox: write %d scheduled message(s) to the outbox's scheduled table (roll the transaction back: it holds the call's %d other message(s)): %w", len(later), len(now), err)
+		}
+		return fmt.Errorf("millbox: write %d scheduled message(s) to the outbox's scheduled table: %w", len(later), err)
+	}
 	return nil
 }
 
@@ -284,7 +350,7 @@ func (p *Publisher) txFor(msgs []*message.Message) (sqladapters.Tx, context.Cont
 	return tx, ctx, nil
 }
 
-func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.OutboxMessage, error) {
+func (p *Publisher) toRow(topic string, i int, m *message.Message, now time.Time) (sqladapters.OutboxMessage, error) {
 	if m == nil {
 		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %d is nil", ErrInvalidMessage, i)
 	}
@@ -340,6 +406,10 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 		return sqladapters.OutboxMessage{}, fmt.Errorf("%w: message %s: %d bytes (payload %d, metadata %d, ordering key %d, UUID %d) exceed MaxMessageBytesWithoutTable %d",
 			ErrInvalidMessage, m.UUID, size, len(payload), len(md), len(key), len(m.UUID), MaxMessageBytesWithoutTable)
 	}
+	due, err := dueAt(m, now)
+	if err != nil {
+		return sqladapters.OutboxMessage{}, err
+	}
 	// Rows without a key spread over the partitions by their UUID.
 	hash := KeyHash(key)
 	if key == "" {
@@ -352,6 +422,7 @@ func (p *Publisher) toRow(topic string, i int, m *message.Message) (sqladapters.
 		Metadata: md,
 		Key:      key,
 		KeyHash:  hash,
+		DueAt:    due,
 	}, nil
 }
 

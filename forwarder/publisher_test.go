@@ -3,6 +3,7 @@ package forwarder
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -25,7 +26,7 @@ func TestKeylessMessagesSpreadByUUID(t *testing.T) {
 	}
 	seen := map[int32]bool{}
 	for _, id := range []string{"a", "b", "c", "d"} {
-		row, err := p.toRow("t", 0, message.NewMessage(id, nil))
+		row, err := p.toRow("t", 0, message.NewMessage(id, nil), time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}

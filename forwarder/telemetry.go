@@ -63,6 +63,9 @@ const (
 	// letter (Config.DeadLetterHoldsKey): their later messages wait until
 	// it is requeued or discarded.
 	MetricOutboxHeldKeys = "millbox.outbox.held_keys"
+	// MetricOutboxScheduled is the number of scheduled messages: delayed
+	// messages waiting for their due time, not yet pending.
+	MetricOutboxScheduled = "millbox.outbox.scheduled"
 )
 
 // Attribute keys that the semantic conventions do not define.
@@ -443,6 +446,7 @@ func (t *telemetry) status(running bool, partitions []int, stats sqladapters.Out
 		Pending:          stats.Pending,
 		Dead:             stats.Dead,
 		HeldKeys:         stats.HeldKeys,
+		Scheduled:        stats.Scheduled,
 		OldestPendingAge: stats.OldestPendingAge,
 	}
 	s.LastPublish, s.LastError, s.LastErrorAt = t.health()

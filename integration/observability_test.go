@@ -48,6 +48,7 @@ func (c *countingExecutor) Query(ctx context.Context, q string, args ...any) (sq
 // outboxGauges is one collection of the outbox gauges.
 type outboxGauges struct {
 	pending, dead, held int64
+	scheduled           int64
 	age                 float64
 	table               string
 	found               bool
@@ -74,6 +75,8 @@ func collectOutboxGauges(t *testing.T, r *sdkmetric.ManualReader) outboxGauges {
 						g.dead = dp.Value
 					case forwarder.MetricOutboxHeldKeys:
 						g.held = dp.Value
+					case forwarder.MetricOutboxScheduled:
+						g.scheduled = dp.Value
 					}
 				}
 			case metricdata.Gauge[float64]:
@@ -184,6 +187,13 @@ func outboxMetricsSuite(t *testing.T, env conformance.Env) {
 	}
 	if stats != (sqladapters.OutboxStats{Dead: 1}) {
 		t.Fatalf("stats %+v disagree with the gauges, 1 dead and nothing pending", stats)
+	}
+	later := sqladapters.OutboxMessage{Topic: "orders", UUID: "later", Payload: []byte{}, Metadata: []byte(`{}`), DueAt: time.Now().Add(time.Hour)}
+	if err := d.InsertOutbox(ctx, env.DB, []sqladapters.OutboxMessage{later}); err != nil {
+		t.Fatal(err)
+	}
+	if g = collectOutboxGauges(t, reader); g.pending != 0 || g.scheduled != 1 {
+		t.Fatalf("after a delayed message: %+v", g)
 	}
 
 	// A dead letter that holds its key counts one held key; one without

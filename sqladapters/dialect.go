@@ -17,7 +17,9 @@ import (
 // between the tables in one transaction. So the insert in the application's
 // transaction maintains one index, the outbox's primary key, and the
 // forwarder reads pending rows through it without walking dead or kept
-// rows. Each method executes its own SQL on the Executor or
+// rows. Messages published with a due time wait in a table of their own,
+// named after the outbox with the suffix _scheduled, until MoveDue moves
+// them into the outbox, so scheduled rows never slow the pending read. Each method executes its own SQL on the Executor or
 // DB it is given, scans the rows, and maps the driver's errors to millbox's
 // (a missing table is a *MissingTableError that says how to migrate, a
 // unique-key violation wraps ErrDuplicate), so its callers never build SQL
@@ -64,11 +66,22 @@ type Dialect interface {
 	// key; 0 when only MaxPayloadBytes limits it.
 	MaxMessageBytes() int
 	// InsertOutbox writes msgs in tx, in order: ids grow with the
-	// position in msgs. When it fails, nothing of msgs stays in tx (a
+	// position in msgs. Messages with a DueAt go into the scheduled table
+	// instead, in order too. When it fails, nothing of msgs stays in tx (a
 	// call of several statements runs under a savepoint); on Postgres
 	// the transaction is aborted as after any failed statement when the
 	// call took one statement.
 	InsertOutbox(ctx context.Context, tx Executor, msgs []OutboxMessage) error
+	// MoveDue moves up to limit scheduled messages (OutboxMessage.DueAt)
+	// whose due time is at or before now from the scheduled table into the
+	// outbox, earliest due first and, for equal due times, in the order
+	// they were written, in one transaction (its own when e is a DB, a
+	// savepoint of e's otherwise). The moved rows are ordinary outbox
+	// inserts with new ids: they go after every row already in the outbox.
+	// Concurrent callers never move the same row twice. It reports how many
+	// it moved and the due time of the earliest message still scheduled
+	// (zero when none is).
+	MoveDue(ctx context.Context, e Executor, now time.Time, limit int) (moved int64, next time.Time, err error)
 
 	// ReadPending returns up to q.Limit rows the forwarder may publish
 	// next, in id order, leaving out q.Exclude. A row whose key has an
@@ -103,9 +116,10 @@ type Dialect interface {
 	// check that notifications arrive. It fails with
 	// errors.ErrUnsupported when NotifyChannel is "".
 	NotifyProbe(ctx context.Context, e Executor) error
-	// OutboxStats counts the pending rows, the dead letters and the keys
-	// they hold, and measures how long the oldest pending row has waited,
-	// in one cheap statement.
+	// OutboxStats counts the pending rows, the dead letters, the keys they
+	// hold and the scheduled messages, measures how long the oldest
+	// pending row has waited and finds the earliest due time, in one cheap
+	// statement.
 	OutboxStats(ctx context.Context, e Executor) (OutboxStats, error)
 	// RequeueDeadLetters moves the given dead letters back into the
 	// outbox, under their ids, pending with zero attempts and due now, and
@@ -294,6 +308,10 @@ type OutboxMessage struct {
 	// KeyHash places the row in a forwarder partition: KeyHash modulo the
 	// number of partitions. Always non-negative.
 	KeyHash int32
+	// DueAt, when not zero, is the time before which the message must not
+	// be forwarded: InsertOutbox writes it into the scheduled table, from
+	// which MoveDue moves it into the outbox once due. Zero means now.
+	DueAt time.Time
 }
 
 // OutboxRow is an outbox row as read by the forwarder.

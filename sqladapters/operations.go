@@ -24,6 +24,12 @@ type OutboxStats struct {
 	// (forwarder.Config.DeadLetterHoldsKey): their later messages wait
 	// until it is requeued or discarded. Zero in TopicStats.
 	HeldKeys int64
+	// Scheduled messages wait in the scheduled table for their due time
+	// (OutboxMessage.DueAt); they are not counted as pending.
+	Scheduled int64
+	// NextDue is the due time of the earliest scheduled message, zero when
+	// none is scheduled.
+	NextDue time.Time
 }
 
 // HeldKey is an ordering key held by a dead letter (see

@@ -40,6 +40,7 @@ var emitted = []instrument{
 	{forwarder.MetricOutboxPending, "{message}", "gauge"},
 	{forwarder.MetricOutboxOldestPendingAge, "s", "gauge"},
 	{forwarder.MetricOutboxDeadLetters, "{message}", "gauge"},
+	{forwarder.MetricOutboxScheduled, "{message}", "gauge"},
 	{middleware.MetricConsumedMessages, "{message}", "counter"},
 	{middleware.MetricProcessDuration, "s", "histogram"},
 }

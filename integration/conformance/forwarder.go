@@ -221,8 +221,8 @@ func StartForwarder(t testing.TB, cfg forwarder.Config) *forwarder.Forwarder {
 }
 
 // Forwarder runs the forwarder suite: delivery, per-key order with several
-// instances, retries, dead letters, audit mode, graceful close and bad
-// configuration.
+// instances, retries, dead letters, audit mode, graceful close, bad
+// configuration and delayed messages.
 func Forwarder(t *testing.T, env Env) {
 	ctx := context.Background()
 	src := env.Sources[0]
@@ -686,6 +686,8 @@ func Forwarder(t *testing.T, env Env) {
 			t.Fatalf("want ErrMissingTable, got %v", err)
 		}
 	})
+
+	t.Run("Delayed", func(t *testing.T) { delayed(t, env, fast) })
 
 	t.Run("Faults", func(t *testing.T) { Faults(t, env) })
 }

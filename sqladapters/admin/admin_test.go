@@ -879,9 +879,15 @@ func TestOverviewWarnsAndNames(t *testing.T) {
 	if err := f.dialect.InsertOutbox(context.Background(), f.db, []sqladapters.OutboxMessage{{Topic: "t", UUID: "p", Payload: []byte{}, Metadata: []byte(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}
+	// A scheduled message is counted on its own, with its due time.
+	due := time.Now().Add(time.Hour)
+	if err := f.dialect.InsertOutbox(context.Background(), f.db, []sqladapters.OutboxMessage{{Topic: "later", UUID: "s", Payload: []byte{}, Metadata: []byte(`{}`), DueAt: due}}); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(10 * time.Millisecond)
 	_, body = f.get(t, "/admin/")
-	for _, want := range []string{`id="warn-pending"`, `id="warn-dead"`, `class="oldest warn"`, `class="dead warn"`} {
+	for _, want := range []string{`id="warn-pending"`, `id="warn-dead"`, `class="oldest warn"`, `class="dead warn"`, `<th>Scheduled</th>`,
+		`<tr data-topic="later">`, `<td class="scheduled" title="next due `} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("the overview lacks %s:\n%s", want, body)
 		}

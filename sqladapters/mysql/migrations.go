@@ -139,6 +139,11 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		Statements: d.alterIfMissingIn(d.opts.OutboxTable+"_dead", "holds",
 			`ALTER TABLE `+d.dead+` ADD COLUMN holds BOOLEAN NOT NULL DEFAULT FALSE, ADD KEY hold_idx (holds, key_hash, id)`),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version:    7,
+		Name:       "scheduled messages",
+		Statements: d.scheduledTable(),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

@@ -89,7 +89,8 @@ type Options struct {
 	// OutboxTable defaults to DefaultOutboxTable. The tables of dead
 	// letters, of forwarded rows kept for audit, of retry markers, of
 	// leases, members and migrations are named after it with the suffixes
-	// _dead, _kept, _retries, _leases, _members and _migrations.
+	// _dead, _kept, _retries, _scheduled, _leases, _members and
+	// _migrations.
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
@@ -143,7 +144,7 @@ var _ sqladapters.Dialect = (*Dialect)(nil)
 type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
-	dead, kept, retries                     string
+	dead, kept, retries, scheduled          string
 }
 
 // New validates opts, applies defaults and returns the dialect.
@@ -172,6 +173,7 @@ func newSQL(opts Options) (*sqlDialect, error) {
 	d.migrate = d.qualify(opts.OutboxTable + "_migrations")
 	d.dead = d.qualify(opts.OutboxTable + "_dead")
 	d.kept = d.qualify(opts.OutboxTable + "_kept")
+	d.scheduled = d.qualify(opts.OutboxTable + "_scheduled")
 	d.retries = d.qualify(opts.OutboxTable + "_retries")
 	return d, nil
 }
@@ -271,7 +273,7 @@ func (d *sqlDialect) InboxTable() string { return d.inbox }
 func (d *Dialect) Tables() []string { return d.sql.tables() }
 
 func (d *sqlDialect) tables() []string {
-	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate, d.dead, d.kept, d.retries}
+	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate, d.dead, d.kept, d.retries, d.scheduled}
 }
 
 // Database returns Options.Database, "" when names are unqualified.

@@ -23,7 +23,7 @@ func TestMySQLNewDefaults(t *testing.T) {
 		t.Fatalf("defaults not applied: %+v", o)
 	}
 	want := []string{"`millbox_outbox`", "`millbox_outbox_leases`", "`millbox_outbox_members`", "`millbox_inbox`", "`millbox_outbox_migrations`",
-		"`millbox_outbox_dead`", "`millbox_outbox_kept`", "`millbox_outbox_retries`"}
+		"`millbox_outbox_dead`", "`millbox_outbox_kept`", "`millbox_outbox_retries`", "`millbox_outbox_scheduled`"}
 	if got := d.Tables(); strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("tables %v", got)
 	}
@@ -186,7 +186,7 @@ func TestMySQLLockMigrations(t *testing.T) {
 
 func TestMySQLMigrationSQL(t *testing.T) {
 	script := sqladapters.MigrationSQL(MustNew(Options{}))
-	if n := strings.Count(script, "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;"); n != 7 {
+	if n := strings.Count(script, "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;"); n != 8 {
 		t.Fatalf("%d InnoDB utf8mb4 tables in\n%s", n, script)
 	}
 	for _, want := range []string{"payload         LONGBLOB", "metadata        LONGTEXT", "DATETIME(6)", "PRIMARY KEY (consumer, message_id)", "KEY received_idx (received_at)"} {

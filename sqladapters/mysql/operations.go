@@ -25,15 +25,17 @@ const waitingSince = `COALESCE(o.requeued_at, o.created_at)`
 // the driver's loc setting cannot shift it.
 func utc(t time.Time) string { return t.UTC().Format(timeLayout) }
 
-// TopicStats counts the rows per topic of the outbox, the dead letters
-// and the kept rows.
+// TopicStats counts the rows per topic of the outbox, the dead letters,
+// the kept rows and the scheduled messages.
 func (d *sqlDialect) TopicStats() sqladapters.Query {
-	return sqladapters.Query{SQL: `SELECT topic, SUM(pending), SUM(retrying), SUM(dead), SUM(kept), ` + ageMicros(`MIN(waiting)`) + `
+	return sqladapters.Query{SQL: `SELECT topic, SUM(pending), SUM(retrying), SUM(dead), SUM(kept), ` + ageMicros(`MIN(waiting)`) + `,
+	SUM(scheduled), TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', MIN(due))
 FROM (
-	SELECT topic, COUNT(*) AS pending, COUNT(CASE WHEN attempts > 0 THEN 1 END) AS retrying, 0 AS dead, 0 AS kept, MIN(` + waitingSince + `) AS waiting
+	SELECT topic, COUNT(*) AS pending, COUNT(CASE WHEN attempts > 0 THEN 1 END) AS retrying, 0 AS dead, 0 AS kept, MIN(` + waitingSince + `) AS waiting, 0 AS scheduled, NULL AS due
 	FROM ` + d.outbox + ` o GROUP BY topic
-	UNION ALL SELECT topic, 0, 0, COUNT(*), 0, NULL FROM ` + d.dead + ` GROUP BY topic
-	UNION ALL SELECT topic, 0, 0, 0, COUNT(*), NULL FROM ` + d.kept + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, COUNT(*), 0, NULL, 0, NULL FROM ` + d.dead + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, 0, COUNT(*), NULL, 0, NULL FROM ` + d.kept + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, 0, 0, NULL, COUNT(*), MIN(due_at) FROM ` + d.scheduled + ` GROUP BY topic
 ) t GROUP BY topic ORDER BY topic`}
 }
 

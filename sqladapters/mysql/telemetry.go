@@ -14,7 +14,9 @@ func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	GREATEST(
 		COALESCE((SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY o.id LIMIT 1), 0),
 		COALESCE((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0)),
-	(` + d.CountHeldKeys().SQL + `)`}
+	(` + d.CountHeldKeys().SQL + `),
+	(SELECT COUNT(*) FROM ` + d.scheduled + `),
+	` + d.nextDueMicros()}
 }
 
 // CountHeldKeys counts the keys held by dead letters, through hold_idx.

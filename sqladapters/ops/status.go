@@ -11,9 +11,10 @@ import (
 // Status is a snapshot of an installation. Counts are read by separate
 // statements, so under load they may not add up exactly.
 type Status struct {
-	// OutboxStats sums Topics: the pending rows and dead letters of every
-	// topic, and how long the oldest pending row has waited; and counts
-	// the keys held by dead letters (list them with Ops.HeldKeys).
+	// OutboxStats sums Topics: the pending rows, dead letters and
+	// scheduled messages of every topic, how long the oldest pending row
+	// has waited, and the earliest due time; and counts the keys held by
+	// dead letters (list them with Ops.HeldKeys).
 	sqladapters.OutboxStats
 	// Retrying rows are pending rows that failed at least once.
 	Retrying int64
@@ -56,6 +57,10 @@ func (o *Ops) Status(ctx context.Context) (Status, error) {
 		st.Dead += t.Dead
 		st.ForwardedKept += t.ForwardedKept
 		st.OldestPendingAge = max(st.OldestPendingAge, t.OldestPendingAge)
+		st.Scheduled += t.Scheduled
+		if !t.NextDue.IsZero() && (st.NextDue.IsZero() || t.NextDue.Before(st.NextDue)) {
+			st.NextDue = t.NextDue
+		}
 	}
 	if st.HeldKeys, err = o.d.CountHeldKeys(ctx, o.db); err != nil {
 		return Status{}, fail("status of the outbox", err)

@@ -40,7 +40,11 @@
 // key. Dead letters and forwarded rows kept for audit move, in one
 // statement each, to the tables <outbox>_dead and <outbox>_kept, under
 // their ids; a requeue moves a dead letter back. Migration 5 moved the
-// rows of earlier installations there.
+// rows of earlier installations there. Delayed messages wait in
+// <outbox>_scheduled (migration 7), indexed by due time, and move into the
+// outbox when due in one statement (DELETE ... FOR UPDATE SKIP LOCKED
+// feeding the INSERT), so scheduled messages never lengthen the pending
+// read; on a partitioned outbox they land in the current partition.
 //
 // # Behind PgBouncer
 //

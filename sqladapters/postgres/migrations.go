@@ -128,6 +128,11 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 			`CREATE INDEX IF NOT EXISTS ` + quote(t+deadHoldSuffix) + ` ON ` + d.dead + ` (key_hash, id) WHERE holds`,
 		},
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version:    7,
+		Name:       "scheduled messages",
+		Statements: d.scheduledTable(),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

@@ -21,16 +21,17 @@ func ageMicros(t string) string {
 // wait: its requeue, or else its creation.
 const waitingSince = `coalesce(o.requeued_at, o.created_at)`
 
-// TopicStats counts the rows per topic of the outbox, the dead letters
-// and the kept rows.
+// TopicStats counts the rows per topic of the outbox, the dead letters,
+// the kept rows and the scheduled messages.
 func (d *sqlDialect) TopicStats() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT topic, sum(pending)::bigint, sum(retrying)::bigint, sum(dead)::bigint, sum(kept)::bigint, ` +
-		ageMicros(`min(waiting)`) + `
+		ageMicros(`min(waiting)`) + `, sum(scheduled)::bigint, (extract(epoch FROM min(due)) * 1000000)::bigint
 FROM (
-	SELECT topic, count(*) AS pending, count(*) FILTER (WHERE attempts > 0) AS retrying, 0 AS dead, 0 AS kept, min(` + waitingSince + `) AS waiting
+	SELECT topic, count(*) AS pending, count(*) FILTER (WHERE attempts > 0) AS retrying, 0 AS dead, 0 AS kept, min(` + waitingSince + `) AS waiting, 0 AS scheduled, NULL::timestamptz AS due
 	FROM ` + d.outbox + ` o GROUP BY topic
-	UNION ALL SELECT topic, 0, 0, count(*), 0, NULL FROM ` + d.dead + ` GROUP BY topic
-	UNION ALL SELECT topic, 0, 0, 0, count(*), NULL FROM ` + d.kept + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, count(*), 0, NULL, 0, NULL FROM ` + d.dead + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, 0, count(*), NULL, 0, NULL FROM ` + d.kept + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, 0, 0, NULL, count(*), min(due_at) FROM ` + d.scheduled + ` GROUP BY topic
 ) t GROUP BY topic ORDER BY topic`}
 }
 

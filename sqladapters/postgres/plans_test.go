@@ -272,6 +272,49 @@ func TestPlanOutboxInsertTakesTransactionIDFirst(t *testing.T) {
 	}
 }
 
+// TestMoveDueTakesTransactionIDOnlyToMove checks that the move of due
+// scheduled messages, which every forwarder instance runs at least once a
+// PollInterval, takes no transaction id (and so writes no commit record)
+// when nothing is due, and that it has taken one once it moved a row.
+func TestMoveDueTakesTransactionIDOnlyToMove(t *testing.T) {
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	ctx := dialecttest.Ctx(t, time.Minute)
+	d := pgtest.Dialect(t, db, pool, postgres.Options{})
+	later := sqladapters.OutboxMessage{Topic: "t", UUID: "a", Payload: []byte{}, Metadata: []byte("{}"), DueAt: time.Now().Add(time.Hour)}
+	if err := d.InsertOutbox(ctx, db, []sqladapters.OutboxMessage{later}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		now  time.Time
+		want bool
+	}{{time.Now(), false}, {time.Now().Add(2 * time.Hour), true}} {
+		tx, err := db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved, _, err := d.MoveDue(ctx, tx, c.now, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var assigned bool
+		rows, err := tx.Query(ctx, `SELECT pg_current_xact_id_if_assigned() IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			if err := rows.Scan(&assigned); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rows.Close()
+		sqladapters.Rollback(tx)
+		if assigned != c.want || (moved > 0) != c.want {
+			t.Fatalf("move at %v: %d moved, transaction id taken %v; want %v", c.now, moved, assigned, c.want)
+		}
+	}
+}
+
 // TestPlanErrorGroupPageReadsOneGroup reads a page of one error group
 // among 1,000,000 dead letters, as the admin page does for anyone who may
 // view it: the page must come from the fingerprint index, in id order,
@@ -481,5 +524,112 @@ func TestPlanPendingReadThroughPrimaryKey(t *testing.T) {
 				t.Logf("the plan:\n%s", planText(t, ctx, db, "EXPLAIN (COSTS OFF)", b.SelectPendingWithAge(q)))
 			}
 		}
+	}
+}
+
+// TestPlanPendingReadIgnoresScheduledRows fills the table of scheduled
+// messages with a million rows (MILLBOX_PLAN_ROWS) next to a small
+// outbox: the pending read still takes a bounded walk of the outbox's
+// primary key and never looks at them, and the move of the due ones and
+// the next due time read the due-time index, not the table.
+func TestPlanPendingReadIgnoresScheduledRows(t *testing.T) {
+	rows := 1000000
+	if v := os.Getenv("MILLBOX_PLAN_ROWS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 10000 {
+			t.Fatalf("MILLBOX_PLAN_ROWS=%q: want a number of at least 10000", v)
+		}
+		rows = n
+	}
+	pool := pgtest.Pool(t)
+	db := pgxv5.WrapPool(pool)
+	d := pgtest.Dialect(t, db, pool, postgres.Options{})
+	ctx := dialecttest.Ctx(t, 30*time.Minute)
+	b := planBuilderOf(t, d)
+	scheduled := d.Tables()[7]
+	const pending, due = 1000, 100
+	for _, s := range []string{
+		`INSERT INTO ` + d.OutboxTable() + ` (topic, uuid, payload, key, key_hash)
+			SELECT 'bulk', g::text, convert_to(repeat('p', 64), 'UTF8'), 'k' || (g % 100), g % 100 FROM generate_series(1, ` + strconv.Itoa(pending) + `) g`,
+		// The first rows are due, the others one a minute from now on.
+		`INSERT INTO ` + scheduled + ` (topic, uuid, payload, key, key_hash, due_at)
+			SELECT 'later', g::text, convert_to(repeat('p', 64), 'UTF8'), 'k' || (g % 1000), g % 1000, now() + (g - ` + strconv.Itoa(due) + `) * interval '1 minute' - interval '30 seconds'
+			FROM generate_series(1, ` + strconv.Itoa(rows) + `) g`,
+		`ANALYZE ` + d.OutboxTable(),
+		`ANALYZE ` + scheduled,
+	} {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	type node struct {
+		Type     string `json:"Node Type"`
+		Relation string `json:"Relation Name"`
+		Index    string `json:"Index Name"`
+		Hit      int    `json:"Shared Hit Blocks"`
+		Read     int    `json:"Shared Read Blocks"`
+		Rows     int    `json:"Actual Rows"`
+		Plans    []node `json:"Plans"`
+	}
+	explain := func(q sqladapters.Query) (node, string) {
+		t.Helper()
+		tx, err := db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The move deletes what it moves: measure it and roll it back.
+		defer sqladapters.Rollback(tx)
+		text := planText(t, ctx, tx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)", q)
+		var plan []struct{ Plan node }
+		if err := json.Unmarshal([]byte(text), &plan); err != nil || len(plan) != 1 {
+			t.Fatalf("plan: %v\n%s", err, text)
+		}
+		return plan[0].Plan, text
+	}
+	var walk func(n node, visit func(node))
+	walk = func(n node, visit func(node)) {
+		visit(n)
+		for _, c := range n.Plans {
+			walk(c, visit)
+		}
+	}
+
+	const limit = 100
+	top, text := explain(b.SelectPendingWithAge(sqladapters.PendingQuery{Limit: limit}))
+	if top.Type != "Limit" || len(top.Plans) != 1 || top.Rows != limit {
+		t.Fatalf("the pending read is not a limit of %d rows over one scan: %s", limit, text)
+	}
+	if scan := top.Plans[0]; scan.Type != "Index Scan" || !strings.HasSuffix(scan.Index, "_pkey") {
+		t.Fatalf("the pending rows come from %s %q, want an index scan of the outbox's primary key: %s", scan.Type, scan.Index, text)
+	}
+	walk(top, func(n node) {
+		if strings.Contains(n.Relation, "_scheduled") || strings.Contains(n.Index, "_sched") {
+			t.Fatalf("the pending read reads the scheduled messages: %s", text)
+		}
+	})
+	if buffers := top.Hit + top.Read; buffers > 10*limit {
+		t.Fatalf("the pending read touched %d buffers for %d rows", buffers, limit)
+	}
+
+	for name, q := range map[string]sqladapters.Query{
+		"MoveDue": b.(sqlstore.DueMover).MoveDue(time.Now(), 1000)[0],
+		"NextDue": b.NextDue(),
+	} {
+		top, text := explain(q)
+		walk(top, func(n node) {
+			if n.Type == "Seq Scan" || n.Type == "Bitmap Heap Scan" && strings.Contains(n.Relation, "_scheduled") {
+				t.Fatalf("%s scans %s: %s", name, n.Relation, text)
+			}
+		})
+		buffers := top.Hit + top.Read
+		t.Logf("%s: %d buffers with %d scheduled rows", name, buffers, rows)
+		if buffers > 50*due {
+			t.Fatalf("%s touched %d buffers: it walked the scheduled rows", name, buffers)
+		}
+	}
+	moved, _, err := d.MoveDue(ctx, db, time.Now(), 1000)
+	if err != nil || moved != due {
+		t.Fatalf("moved %d, %v; want the %d due rows", moved, err, due)
 	}
 }

@@ -33,9 +33,9 @@ type Options struct {
 	// through the connection's search_path). Migrate creates it if missing.
 	Schema string
 	// OutboxTable defaults to DefaultOutboxTable. The tables of dead
-	// letters, of forwarded rows kept for audit, of leases, members and
-	// migrations are named after it with the suffixes _dead, _kept,
-	// _leases, _members and _migrations.
+	// letters, of forwarded rows kept for audit, of scheduled messages, of
+	// leases, members and migrations are named after it with the suffixes
+	// _dead, _kept, _scheduled, _leases, _members and _migrations.
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
@@ -81,7 +81,7 @@ var (
 type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
-	dead, kept                              string
+	dead, kept, scheduled                   string
 	channel                                 string
 }
 
@@ -128,6 +128,7 @@ func newSQL(opts Options) (*sqlDialect, error) {
 	d.migrate = d.qualify(opts.OutboxTable + "_migrations")
 	d.dead = d.qualify(opts.OutboxTable + deadSuffix)
 	d.kept = d.qualify(opts.OutboxTable + keptSuffix)
+	d.scheduled = d.qualify(opts.OutboxTable + scheduledSuffix)
 	if opts.Notify {
 		d.channel = channelName(opts.Schema, opts.OutboxTable)
 	}
@@ -266,7 +267,8 @@ func (d *Dialect) Options() Options { return d.sql.opts }
 
 // Tables returns the quoted names of every table the migrations create, for
 // tools that clean up or inspect them: the outbox, leases, members, inbox
-// and migrations, then the dead letters and the kept rows.
+// and migrations, then the dead letters, the kept rows and the scheduled
+// messages.
 func (d *Dialect) Tables() []string {
-	return []string{d.sql.outbox, d.sql.leases, d.sql.members, d.sql.inbox, d.sql.migrate, d.sql.dead, d.sql.kept}
+	return []string{d.sql.outbox, d.sql.leases, d.sql.members, d.sql.inbox, d.sql.migrate, d.sql.dead, d.sql.kept, d.sql.scheduled}
 }

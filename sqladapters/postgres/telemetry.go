@@ -17,7 +17,9 @@ func (d *sqlDialect) OutboxStats() sqladapters.Query {
 		(SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY id LIMIT 1),
 		(SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1),
 		0),
-	(` + d.CountHeldKeys().SQL + `)`}
+	(` + d.CountHeldKeys().SQL + `),
+	(SELECT count(*) FROM ` + d.scheduled + `),
+	` + d.nextDueMicros()}
 }
 
 // CountHeldKeys counts the keys held by dead letters, through the hold

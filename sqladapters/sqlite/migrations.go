@@ -151,6 +151,11 @@ ON CONFLICT (id) DO NOTHING`,
 			`CREATE INDEX IF NOT EXISTS ` + quote(t+"_deadhold_idx") + ` ON ` + d.dead + ` (key_hash, id) WHERE holds = 1`,
 		},
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version:    7,
+		Name:       "scheduled messages",
+		Statements: d.scheduledTable(),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

@@ -21,15 +21,16 @@ func ageMicros(t string) string {
 // wait: its requeue, or else its creation.
 const waitingSince = `coalesce(o.requeued_at, o.created_at)`
 
-// TopicStats counts the rows per topic of the outbox, the dead letters
-// and the kept rows.
+// TopicStats counts the rows per topic of the outbox, the dead letters,
+// the kept rows and the scheduled messages.
 func (d *sqlDialect) TopicStats() sqladapters.Query {
-	return sqladapters.Query{SQL: `SELECT topic, sum(pending), sum(retrying), sum(dead), sum(kept), ` + ageMicros(`min(waiting)`) + `
+	return sqladapters.Query{SQL: `SELECT topic, sum(pending), sum(retrying), sum(dead), sum(kept), ` + ageMicros(`min(waiting)`) + `, sum(scheduled), min(due)
 FROM (
-	SELECT topic, count(*) AS pending, count(CASE WHEN attempts > 0 THEN 1 END) AS retrying, 0 AS dead, 0 AS kept, min(` + waitingSince + `) AS waiting
+	SELECT topic, count(*) AS pending, count(CASE WHEN attempts > 0 THEN 1 END) AS retrying, 0 AS dead, 0 AS kept, min(` + waitingSince + `) AS waiting, 0 AS scheduled, NULL AS due
 	FROM ` + d.outbox + ` o GROUP BY topic
-	UNION ALL SELECT topic, 0, 0, count(*), 0, NULL FROM ` + d.dead + ` GROUP BY topic
-	UNION ALL SELECT topic, 0, 0, 0, count(*), NULL FROM ` + d.kept + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, count(*), 0, NULL, 0, NULL FROM ` + d.dead + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, 0, count(*), NULL, 0, NULL FROM ` + d.kept + ` GROUP BY topic
+	UNION ALL SELECT topic, 0, 0, 0, 0, NULL, count(*), min(due_at) FROM ` + d.scheduled + ` GROUP BY topic
 ) GROUP BY topic ORDER BY topic`}
 }
 

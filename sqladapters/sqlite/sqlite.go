@@ -26,6 +26,8 @@ const (
 	MaxTableNameLength = 48
 	// TimeLayout is the time.Layout of every time column: UTC with
 	// milliseconds, exactly as strftime('%Y-%m-%dT%H:%M:%fZ') writes it.
+	// The scheduled messages' due_at is the exception: an integer of
+	// microseconds since the Unix epoch.
 	TimeLayout = "2006-01-02T15:04:05.000Z"
 
 	// rowsPerInsert keeps one INSERT (6 parameters a row) under SQLite's
@@ -42,9 +44,9 @@ const (
 // Options names the tables of one millbox installation.
 type Options struct {
 	// OutboxTable defaults to DefaultOutboxTable. The tables of dead
-	// letters, of forwarded rows kept for audit, of leases, members and
-	// migrations are named after it with the suffixes _dead, _kept,
-	// _leases, _members and _migrations.
+	// letters, of forwarded rows kept for audit, of scheduled messages, of
+	// leases, members and migrations are named after it with the suffixes
+	// _dead, _kept, _scheduled, _leases, _members and _migrations.
 	OutboxTable string
 	// InboxTable defaults to DefaultInboxTable.
 	InboxTable string
@@ -73,7 +75,7 @@ var _ sqladapters.Dialect = (*Dialect)(nil)
 type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
-	dead, kept                              string
+	dead, kept, scheduled                   string
 	migrateLock                             string
 }
 
@@ -121,6 +123,7 @@ func newSQL(opts Options) (*sqlDialect, error) {
 		migrate:     quote(opts.OutboxTable + "_migrations"),
 		dead:        quote(opts.OutboxTable + "_dead"),
 		kept:        quote(opts.OutboxTable + "_kept"),
+		scheduled:   quote(opts.OutboxTable + "_scheduled"),
 		migrateLock: quote(opts.OutboxTable + "_migration_lock"),
 	}, nil
 }
@@ -141,7 +144,7 @@ func objectNames(opts Options) []string {
 	return []string{
 		o, o + "_pending_idx", o + "_retry_idx", o + "_dead_idx", o + "_dead_fp_idx",
 		o + "_leases", o + "_members", o + "_migrations", o + "_migration_lock",
-		o + "_dead", o + "_kept", o + "_deadfp_idx",
+		o + "_dead", o + "_kept", o + "_deadfp_idx", o + "_scheduled", o + "_sched_idx",
 		i, i + "_received_idx",
 	}
 }
@@ -246,9 +249,10 @@ func (d *Dialect) Options() Options { return d.sql.opts }
 
 // Tables returns the quoted names of every table the migrations create, for
 // tools that clean up or inspect them: the outbox, leases, members, inbox
-// and migrations, then the dead letters and the kept rows.
+// and migrations, then the dead letters, the kept rows and the scheduled
+// messages.
 func (d *Dialect) Tables() []string { return d.sql.tables() }
 
 func (d *sqlDialect) tables() []string {
-	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate, d.dead, d.kept}
+	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate, d.dead, d.kept, d.scheduled}
 }

@@ -14,7 +14,9 @@ func (d *sqlDialect) OutboxStats() sqladapters.Query {
 	max(
 		coalesce((SELECT ` + ageMicros(waitingSince) + ` FROM ` + d.outbox + ` o ORDER BY id LIMIT 1), 0),
 		coalesce((SELECT ` + ageMicros(`created_at`) + ` FROM ` + d.outbox + ` WHERE requeued_at IS NULL ORDER BY id LIMIT 1), 0)),
-	(` + d.CountHeldKeys().SQL + `)`}
+	(` + d.CountHeldKeys().SQL + `),
+	(SELECT count(*) FROM ` + d.scheduled + `),
+	` + d.nextDueMicros()}
 }
 
 // CountHeldKeys counts the keys held by dead letters, through the hold

@@ -90,13 +90,14 @@ const statusUsage = `Usage:
   millbox status [--json] [flags]
 
 Shows, per topic, the pending rows (rows waiting for a retry included), how many of
-them are retrying, the age of the oldest pending row, the dead letters and the
-forwarded rows kept for audit; then inbox records per consumer, and which forwarder
-instance holds which partitions. Ages are measured by the database's clock; a requeued
+them are retrying, the age of the oldest pending row, the scheduled messages (delayed,
+waiting for their due time), the dead letters and the forwarded rows kept for audit,
+and when the next scheduled message is due; then inbox records per consumer, and which
+forwarder instance holds which partitions. Ages are measured by the database's clock; a requeued
 dead letter waits from its requeue (its created time stays the message's).
 
 --json prints one object with the fields pending, retrying, oldest_pending_age_seconds,
-dead_letters, held_keys, forwarded_kept, inbox_records, oldest_inbox_age_seconds, topics,
+scheduled, next_due (when any is scheduled), dead_letters, held_keys, forwarded_kept, inbox_records, oldest_inbox_age_seconds, topics,
 consumers, partitions and owners.
 
 Examples:

@@ -262,6 +262,25 @@ func exercise(t *testing.T, in installation) {
 		}
 	}
 	publish(published...)
+	// A delayed message waits in the scheduled table.
+	{
+		tx, err := in.db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: in.dialect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		later := message.NewMessage("p-later", []byte(`{"payment":3}`))
+		forwarder.DeliverAfter(later, time.Hour)
+		if err := pub.Publish("payments", later); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 	inboxRecord := func(consumer, id string) {
 		t.Helper()
 		if _, err := in.dialect.RecordInbox(ctx, in.db, consumer, id); err != nil {
@@ -284,7 +303,11 @@ func exercise(t *testing.T, in installation) {
 	if len(st.Consumers) != 2 || st.Consumers[0].Consumer != "billing" || st.Consumers[0].Records != 2 || st.Consumers[1].Records != 1 {
 		t.Fatalf("consumers: %+v", st.Consumers)
 	}
-	if r := mustRun(t, cli("status")...); !strings.Contains(r.stdout, "orders") || !strings.Contains(r.stdout, "payments") || !strings.Contains(r.stdout, "billing") {
+	if st.Scheduled != 1 || st.NextDue == nil || st.NextDue.Before(time.Now()) || st.Topics[1].Scheduled != 1 || st.Topics[0].Scheduled != 0 {
+		t.Fatalf("scheduled messages in the status: %+v", st)
+	}
+	if r := mustRun(t, cli("status")...); !strings.Contains(r.stdout, "orders") || !strings.Contains(r.stdout, "payments") || !strings.Contains(r.stdout, "billing") ||
+		!strings.Contains(r.stdout, "SCHEDULED") || !strings.Contains(r.stdout, "Next scheduled message due") {
 		t.Fatalf("human status:\n%s", r)
 	}
 

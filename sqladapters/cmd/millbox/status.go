@@ -48,6 +48,8 @@ type jsonStatus struct {
 	Pending                 int64           `json:"pending"`
 	Retrying                int64           `json:"retrying"`
 	OldestPendingAgeSeconds float64         `json:"oldest_pending_age_seconds"`
+	Scheduled               int64           `json:"scheduled"`
+	NextDue                 *time.Time      `json:"next_due,omitempty"`
 	DeadLetters             int64           `json:"dead_letters"`
 	HeldKeys                int64           `json:"held_keys"`
 	ForwardedKept           int64           `json:"forwarded_kept"`
@@ -60,12 +62,14 @@ type jsonStatus struct {
 }
 
 type jsonTopic struct {
-	Topic                   string  `json:"topic"`
-	Pending                 int64   `json:"pending"`
-	Retrying                int64   `json:"retrying"`
-	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
-	DeadLetters             int64   `json:"dead_letters"`
-	ForwardedKept           int64   `json:"forwarded_kept"`
+	Topic                   string     `json:"topic"`
+	Pending                 int64      `json:"pending"`
+	Retrying                int64      `json:"retrying"`
+	OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
+	Scheduled               int64      `json:"scheduled"`
+	NextDue                 *time.Time `json:"next_due,omitempty"`
+	DeadLetters             int64      `json:"dead_letters"`
+	ForwardedKept           int64      `json:"forwarded_kept"`
 }
 
 type jsonConsumer struct {
@@ -94,6 +98,8 @@ func statusJSON(o *ops.Ops, st ops.Status) jsonStatus {
 		Pending:                 st.Pending,
 		Retrying:                st.Retrying,
 		OldestPendingAgeSeconds: st.OldestPendingAge.Seconds(),
+		Scheduled:               st.Scheduled,
+		NextDue:                 timeOrNil(st.NextDue),
 		DeadLetters:             st.Dead,
 		HeldKeys:                st.HeldKeys,
 		ForwardedKept:           st.ForwardedKept,
@@ -105,7 +111,7 @@ func statusJSON(o *ops.Ops, st ops.Status) jsonStatus {
 		Owners:                  []jsonOwner{},
 	}
 	for _, t := range st.Topics {
-		j.Topics = append(j.Topics, jsonTopic{t.Topic, t.Pending, t.Retrying, t.OldestPendingAge.Seconds(), t.Dead, t.ForwardedKept})
+		j.Topics = append(j.Topics, jsonTopic{t.Topic, t.Pending, t.Retrying, t.OldestPendingAge.Seconds(), t.Scheduled, timeOrNil(t.NextDue), t.Dead, t.ForwardedKept})
 	}
 	for _, c := range st.Consumers {
 		j.Consumers = append(j.Consumers, jsonConsumer{c.Consumer, c.Records, c.OldestAge.Seconds()})
@@ -117,6 +123,14 @@ func statusJSON(o *ops.Ops, st ops.Status) jsonStatus {
 		j.Owners = append(j.Owners, jsonOwner{w.Instance, w.Partitions})
 	}
 	return j
+}
+
+// timeOrNil is t, nil for the zero time.
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 func writeJSON(e env, v any) error {
@@ -137,12 +151,15 @@ func printStatus(ctx context.Context, e env, s *session, st ops.Status) {
 	d := s.d
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "Outbox %s in %s\n", tableName(d.OutboxTable()), s.schema(ctx))
-	fmt.Fprintln(w, "TOPIC\tPENDING\tRETRYING\tOLDEST PENDING\tDEAD\tFORWARDED KEPT")
+	fmt.Fprintln(w, "TOPIC\tPENDING\tRETRYING\tOLDEST PENDING\tSCHEDULED\tDEAD\tFORWARDED KEPT")
 	for _, t := range st.Topics {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\n", oneLine(t.Topic, 60), t.Pending, t.Retrying, age(t.OldestPendingAge), t.Dead, t.ForwardedKept)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\t%d\n", oneLine(t.Topic, 60), t.Pending, t.Retrying, age(t.OldestPendingAge), t.Scheduled, t.Dead, t.ForwardedKept)
 	}
-	fmt.Fprintf(w, "(all)\t%d\t%d\t%s\t%d\t%d\n", st.Pending, st.Retrying, age(st.OldestPendingAge), st.Dead, st.ForwardedKept)
+	fmt.Fprintf(w, "(all)\t%d\t%d\t%s\t%d\t%d\t%d\n", st.Pending, st.Retrying, age(st.OldestPendingAge), st.Scheduled, st.Dead, st.ForwardedKept)
 	w.Flush()
+	if !st.NextDue.IsZero() {
+		fmt.Fprintf(e.stdout, "Next scheduled message due %s\n", st.NextDue.UTC().Format(time.RFC3339))
+	}
 
 	fmt.Fprintf(e.stdout, "\nInbox %s: %s", tableName(d.InboxTable()), count(st.InboxRecords, "record"))
 	if st.InboxRecords > 0 {

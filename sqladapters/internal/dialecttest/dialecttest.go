@@ -46,6 +46,8 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 		"AppliedMigrations":  d.AppliedMigrations(),
 		"RecordMigration":    d.RecordMigration(1, "x"),
 		"InsertOutbox":       d.InsertOutbox(msgs)[0],
+		"InsertScheduled":    d.InsertScheduled([]sqladapters.OutboxMessage{{Topic: "t", UUID: "u", Payload: []byte("p"), Metadata: []byte(`{}`), Key: "k", KeyHash: 3, DueAt: time.Now()}})[0],
+		"NextDue":            d.NextDue(),
 		"SelectPending":      d.SelectPending(sqladapters.PendingQuery{Limit: 10}),
 		"SelectPendingOwned": d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{1, 3}, Limit: 10}),
 		"SelectPendingNone":  d.SelectPending(sqladapters.PendingQuery{Partitions: 4, Owned: []int{}, Limit: 10}),
@@ -77,6 +79,17 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 	} {
 		for i, q := range steps {
 			qs[fmt.Sprint(name, i)] = q
+		}
+	}
+	if m, ok := d.(sqlstore.DueMover); ok {
+		for i, q := range m.MoveDue(time.Now(), 10) {
+			qs[fmt.Sprint("MoveDue", i)] = q
+		}
+	}
+	if c, ok := d.(sqlstore.DueClaimer); ok {
+		qs["ClaimDue"] = c.ClaimDue(time.Now(), 10)
+		for i, q := range c.MoveClaimed([]int64{1, 2}) {
+			qs[fmt.Sprint("MoveClaimed", i)] = q
 		}
 	}
 	if s, ok := d.(sqlstore.PendingReadSetup); ok {

@@ -62,6 +62,13 @@ type Builder interface {
 	// database's parameter limit allows, in order: ids grow with the
 	// position in msgs.
 	InsertOutbox(msgs []sqladapters.OutboxMessage) []sqladapters.Query
+	// InsertScheduled inserts msgs (at least one, each with a DueAt) into
+	// the scheduled table, in order: ids grow with the position in msgs.
+	InsertScheduled(msgs []sqladapters.OutboxMessage) []sqladapters.Query
+	// NextDue selects the due time of the earliest scheduled row in
+	// microseconds since the Unix epoch (one bigint column, NULL when
+	// none is scheduled).
+	NextDue() sqladapters.Query
 
 	// SelectPending returns columns id, topic, uuid, payload, metadata,
 	// key (NULL when empty), attempts, in id order, leaving out
@@ -77,10 +84,11 @@ type Builder interface {
 	// moves the row to the dead letters' table instead (see Steps),
 	// holding its key with f.Hold when it has one.
 	RecordFailure(f sqladapters.Failure) []sqladapters.Query
-	// OutboxStats selects four int columns: pending rows (including rows
+	// OutboxStats selects six columns: pending rows (including rows
 	// waiting for a retry), dead rows, how long the pending row with the
-	// lowest id has waited, in microseconds (0 when none is pending), and
-	// the keys held by dead letters.
+	// lowest id has waited, in microseconds (0 when none is pending), the
+	// keys held by dead letters, scheduled rows, and the earliest due time
+	// in microseconds since the Unix epoch (NULL when none is scheduled).
 	OutboxStats() sqladapters.Query
 	// RequeueDeadLetters moves the given dead letters back into the
 	// outbox under their ids, with zero attempts, due now, and records when
@@ -111,8 +119,10 @@ type Builder interface {
 
 	// TopicStats selects, per topic in topic order: topic, pending rows
 	// (including rows waiting for a retry), rows waiting for a retry, dead
-	// rows, forwarded rows kept, and how long the oldest pending row has
-	// waited in microseconds (NULL when none is pending).
+	// rows, forwarded rows kept, how long the oldest pending row has
+	// waited in microseconds (NULL when none is pending), scheduled rows,
+	// and their earliest due time in microseconds since the Unix epoch
+	// (NULL when none is scheduled).
 	TopicStats() sqladapters.Query
 	// InboxStats selects, per consumer in consumer order: consumer,
 	// records, and the age of the oldest record in microseconds.
@@ -169,6 +179,32 @@ type Builder interface {
 	InsertInbox(consumer, messageID string) sqladapters.Query
 	// DeleteInboxBefore deletes at most limit rows received before t.
 	DeleteInboxBefore(t time.Time, limit int) sqladapters.Query
+}
+
+// DueMover is implemented by a Builder that moves scheduled rows without
+// reading their ids first. Every Builder implements DueMover or
+// DueClaimer.
+type DueMover interface {
+	// MoveDue moves up to limit scheduled rows due at or before now into
+	// the outbox, ordered by due time and id, so that outbox ids follow
+	// that order (see Steps: the first statement reports the rows moved).
+	// Concurrent moves never move a row twice.
+	MoveDue(now time.Time, limit int) []sqladapters.Query
+}
+
+// DueClaimer is implemented by a Builder whose database moves scheduled
+// rows in steps that need their ids (no DELETE ... RETURNING feeding an
+// INSERT). The store runs ClaimDue and then MoveClaimed in one
+// transaction.
+type DueClaimer interface {
+	// ClaimDue selects and locks the ids (one bigint column) of up to
+	// limit scheduled rows due at or before now, by due time and id,
+	// skipping rows another transaction holds where the database can.
+	ClaimDue(now time.Time, limit int) sqladapters.Query
+	// MoveClaimed inserts the rows with the given ids into the outbox, by
+	// due time and id, and deletes them from the scheduled table (ids is
+	// never empty).
+	MoveClaimed(ids []int64) []sqladapters.Query
 }
 
 // HighWaterMark is implemented by a Builder that can tell cheaply whether

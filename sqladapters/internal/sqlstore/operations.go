@@ -57,11 +57,12 @@ func (s *Store) TopicStats(ctx context.Context, e sqladapters.Executor) ([]sqlad
 	var out []sqladapters.TopicStats
 	err := s.query(ctx, e, s.b.TopicStats(), func(r sqladapters.Rows) error {
 		var t sqladapters.TopicStats
-		var oldest sql.NullInt64
-		if err := r.Scan(&t.Topic, &t.Pending, &t.Retrying, &t.Dead, &t.ForwardedKept, &oldest); err != nil {
+		var oldest, next sql.NullInt64
+		if err := r.Scan(&t.Topic, &t.Pending, &t.Retrying, &t.Dead, &t.ForwardedKept, &oldest, &t.Scheduled, &next); err != nil {
 			return err
 		}
 		t.OldestPendingAge = age(oldest)
+		t.NextDue = epochMicros(next)
 		out = append(out, t)
 		return nil
 	})

@@ -210,7 +210,26 @@ func (s *Store) InsertOutbox(ctx context.Context, tx sqladapters.Executor, msgs 
 	if len(msgs) == 0 {
 		return nil
 	}
-	qs := s.b.InsertOutbox(msgs)
+	var now, later []sqladapters.OutboxMessage
+	for _, m := range msgs {
+		if m.DueAt.IsZero() {
+			now = append(now, m)
+			continue
+		}
+		// Stored to the microsecond: rounding up keeps a message from
+		// becoming due before its time.
+		if t := m.DueAt.Truncate(time.Microsecond); t.Before(m.DueAt) {
+			m.DueAt = t.Add(time.Microsecond)
+		}
+		later = append(later, m)
+	}
+	var qs []sqladapters.Query
+	if len(now) > 0 {
+		qs = s.b.InsertOutbox(now)
+	}
+	if len(later) > 0 {
+		qs = append(qs, s.b.InsertScheduled(later)...)
+	}
 	sp, ok := s.b.(Savepointer)
 	if len(qs) == 1 || !ok {
 		for _, q := range qs {
@@ -337,19 +356,27 @@ func (s *Store) steps(ctx context.Context, e sqladapters.Executor, qs []sqladapt
 	if len(qs) == 1 {
 		return s.exec(ctx, e, qs[0])
 	}
-	run := func(ex sqladapters.Executor) (int64, error) {
-		var first int64
-		for i, q := range qs {
-			n, err := q.Exec(ctx, ex)
-			if err != nil {
-				return 0, s.ClassifyError(err)
-			}
-			if i == 0 {
-				first = n
-			}
+	return s.inTx(ctx, e, func(ex sqladapters.Executor) (int64, error) { return s.run(ctx, ex, qs) })
+}
+
+// run executes qs in order and reports the rows the first one changed.
+func (s *Store) run(ctx context.Context, e sqladapters.Executor, qs []sqladapters.Query) (int64, error) {
+	var first int64
+	for i, q := range qs {
+		n, err := q.Exec(ctx, e)
+		if err != nil {
+			return 0, s.ClassifyError(err)
 		}
-		return first, nil
+		if i == 0 {
+			first = n
+		}
 	}
+	return first, nil
+}
+
+// inTx runs fn in one transaction: its own when e is a DB, else a
+// savepoint of the caller's.
+func (s *Store) inTx(ctx context.Context, e sqladapters.Executor, run func(sqladapters.Executor) (int64, error)) (int64, error) {
 	if db, ok := e.(sqladapters.DB); ok {
 		tx, err := db.Begin(ctx, sql.TxOptions{})
 		if err != nil {
@@ -441,11 +468,61 @@ func (s *Store) NotifyProbe(ctx context.Context, e sqladapters.Executor) error {
 func (s *Store) OutboxStats(ctx context.Context, e sqladapters.Executor) (sqladapters.OutboxStats, error) {
 	var st sqladapters.OutboxStats
 	var ageMicros int64
+	var next sql.NullInt64
 	err := s.query(ctx, e, s.b.OutboxStats(), func(r sqladapters.Rows) error {
-		return r.Scan(&st.Pending, &st.Dead, &ageMicros, &st.HeldKeys)
+		return r.Scan(&st.Pending, &st.Dead, &ageMicros, &st.HeldKeys, &st.Scheduled, &next)
 	})
 	st.OldestPendingAge = age(sql.NullInt64{Int64: ageMicros, Valid: true})
+	st.NextDue = epochMicros(next)
 	return st, err
+}
+
+// MoveDue implements sqladapters.Dialect.
+func (s *Store) MoveDue(ctx context.Context, e sqladapters.Executor, now time.Time, limit int) (int64, time.Time, error) {
+	if limit <= 0 {
+		return 0, time.Time{}, fmt.Errorf("MoveDue: limit %d must be positive", limit)
+	}
+	now = now.Truncate(time.Microsecond)
+	var (
+		moved int64
+		err   error
+	)
+	if m, ok := s.b.(DueMover); ok {
+		moved, err = s.steps(ctx, e, m.MoveDue(now, limit))
+	} else if c, ok := s.b.(DueClaimer); ok {
+		moved, err = s.inTx(ctx, e, func(ex sqladapters.Executor) (int64, error) {
+			var ids []int64
+			err := s.query(ctx, ex, c.ClaimDue(now, limit), func(r sqladapters.Rows) error {
+				var id int64
+				err := r.Scan(&id)
+				ids = append(ids, id)
+				return err
+			})
+			if err != nil || len(ids) == 0 {
+				return 0, err
+			}
+			return s.run(ctx, ex, c.MoveClaimed(ids))
+		})
+	} else {
+		return 0, time.Time{}, fmt.Errorf("%w: %s cannot move scheduled messages", errors.ErrUnsupported, s.b.Name())
+	}
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	var next sql.NullInt64
+	if err := s.query(ctx, e, s.b.NextDue(), func(r sqladapters.Rows) error { return r.Scan(&next) }); err != nil {
+		return moved, time.Time{}, err
+	}
+	return moved, epochMicros(next), nil
+}
+
+// epochMicros is the time of microseconds since the Unix epoch, zero for
+// NULL.
+func epochMicros(v sql.NullInt64) time.Time {
+	if !v.Valid {
+		return time.Time{}
+	}
+	return time.UnixMicro(v.Int64).UTC()
 }
 
 // RequeueDeadLetters implements sqladapters.Dialect.

@@ -20,6 +20,7 @@ var migrationCases = []testCase{
 	{"MigrateFromPreviousVersion", testMigrateFromPrevious},
 	{"MigrateFingerprints", testMigrateFingerprints},
 	{"MigrateHolds", testMigrateHolds},
+	{"MigrateScheduled", testMigrateScheduled},
 	{"MissingTable", testMissingTable},
 }
 

@@ -50,6 +50,7 @@ func Run(t *testing.T, s Setup) {
 		{"Migrations", migrationCases},
 		{"Outbox", outboxCases},
 		{"Moves", moveCases},
+		{"Scheduled", scheduledCases},
 		{"Pending", pendingCases},
 		{"Leases", leaseCases},
 		{"DeadLetters", deadLetterCases},

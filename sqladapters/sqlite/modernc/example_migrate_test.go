@@ -60,4 +60,5 @@ func Example_migrate() {
 	// millbox_outbox_leases
 	// millbox_outbox_members
 	// millbox_outbox_migrations
+	// millbox_outbox_scheduled
 }
