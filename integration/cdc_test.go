@@ -667,7 +667,9 @@ func TestCDCPoisonKey(t *testing.T) {
 	if n, err := requeueAll(ctx, e.db, e.d); err != nil || n != 1 {
 		t.Fatalf("requeue: %d, %v", n, err)
 	}
-	if err := col.WaitUUIDs(ctx, []string{poison.UUID}, 20*time.Second); err != nil {
+	// Generous: the requeue reaches the forwarder through the slot, whose
+	// decoder reads all the cluster's WAL, other tests' bulk loads too.
+	if err := col.WaitUUIDs(ctx, []string{poison.UUID}, 90*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	next := keyedMsg("poison", 5)

@@ -165,11 +165,15 @@ func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
 
 // RequeueDeadLetters moves dead letters back into the outbox under their
 // ids: an insert of copies, then the delete, in one transaction. Their
-// last error and its fingerprint go along.
+// last error and its fingerprint go along. A requeued row is due since its
+// creation: a read whose clock started before the requeue committed, yet
+// sees it, must find it due, for it has a lower id than the rows of its
+// key that its dead letter held, and only a row waiting for a retry holds
+// them back otherwise.
 func (d *sqlDialect) RequeueDeadLetters(ids []int64) []sqladapters.Query {
 	return []sqladapters.Query{{
 		SQL: `INSERT INTO ` + d.outbox + ` (` + messageColumns + `, next_attempt_at, last_error, error_fp, requeued_at)
-SELECT ` + messageColumns + `, ` + now + `, last_error, error_fp, ` + now + ` FROM ` + d.dead + ` WHERE ` + idIn("id", ids),
+SELECT ` + messageColumns + `, created_at, last_error, error_fp, ` + now + ` FROM ` + d.dead + ` WHERE ` + idIn("id", ids),
 	}, {
 		SQL: `DELETE FROM ` + d.dead + ` WHERE ` + idIn("id", ids),
 	}}

@@ -155,11 +155,15 @@ WHERE id = $1`,
 
 // RequeueDeadLetters moves dead letters back into the outbox under their
 // ids, in one statement. Their last error and its fingerprint go along.
+// A requeued row is due since its creation: a read whose clock started
+// before the requeue committed, yet sees it, must find it due, for it
+// has a lower id than the rows of its key that its dead letter held,
+// and only a row waiting for a retry holds them back otherwise.
 func (d *sqlDialect) RequeueDeadLetters(ids []int64) []sqladapters.Query {
 	return []sqladapters.Query{{
 		SQL: `WITH m AS (DELETE FROM ` + d.dead + ` WHERE id = ANY($1::bigint[]) RETURNING ` + messageColumns + `, last_error, error_fp)
-INSERT INTO ` + d.outbox + ` (` + messageColumns + `, last_error, error_fp, requeued_at) OVERRIDING SYSTEM VALUE
-SELECT m.*, now() FROM m`,
+INSERT INTO ` + d.outbox + ` (` + messageColumns + `, last_error, error_fp, requeued_at, next_attempt_at) OVERRIDING SYSTEM VALUE
+SELECT m.*, now(), m.created_at FROM m`,
 		Args: []any{int64Array(ids)},
 	}}
 }
