@@ -288,6 +288,9 @@ const (
 	erBadDB       = 1049 // ER_BAD_DB_ERROR: unknown database
 	erNoSuchTable = 1146 // ER_NO_SUCH_TABLE
 	erDupEntry    = 1062 // ER_DUP_ENTRY
+
+	erLockWaitTimeout = 1205 // ER_LOCK_WAIT_TIMEOUT
+	erDeadlock        = 1213 // ER_LOCK_DEADLOCK
 )
 
 // ClassifyError maps MySQL errors 1146 (table does not exist) and 1049

@@ -1,8 +1,11 @@
 package mysql
 
 import (
+	"errors"
 	"strings"
 	"time"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
 
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -113,4 +116,12 @@ func (d *sqlDialect) nextDueMicros() string {
 // NextDue selects the earliest due time.
 func (d *sqlDialect) NextDue() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT ` + d.nextDueMicros()}
+}
+
+// RetryMove tells a deadlock (1213) or a lock wait timeout (1205) apart:
+// InnoDB's next-key locks can make concurrent moves of neighbouring rows
+// wait for each other, and it resolves that by rolling one back.
+func (d *sqlDialect) RetryMove(err error) bool {
+	var me *mysqldrv.MySQLError
+	return errors.As(err, &me) && (me.Number == erDeadlock || me.Number == erLockWaitTimeout)
 }

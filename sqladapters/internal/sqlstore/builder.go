@@ -205,7 +205,15 @@ type DueClaimer interface {
 	// due time and id, and deletes them from the scheduled table (ids is
 	// never empty).
 	MoveClaimed(ids []int64) []sqladapters.Query
+	// RetryMove tells that err, which ended a move's transaction, was a
+	// conflict between concurrent moves that the database resolved by
+	// rolling one of them back (a deadlock): the move runs again.
+	RetryMove(err error) bool
 }
+
+// moveAttempts bounds the runs of one move that concurrent moves roll
+// back (DueClaimer.RetryMove).
+const moveAttempts = 5
 
 // HighWaterMark is implemented by a Builder that can tell cheaply whether
 // rows were added to the outbox: one integer that grows with every insert.

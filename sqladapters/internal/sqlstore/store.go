@@ -490,19 +490,27 @@ func (s *Store) MoveDue(ctx context.Context, e sqladapters.Executor, now time.Ti
 	if m, ok := s.b.(DueMover); ok {
 		moved, err = s.steps(ctx, e, m.MoveDue(now, limit))
 	} else if c, ok := s.b.(DueClaimer); ok {
-		moved, err = s.inTx(ctx, e, func(ex sqladapters.Executor) (int64, error) {
-			var ids []int64
-			err := s.query(ctx, ex, c.ClaimDue(now, limit), func(r sqladapters.Rows) error {
-				var id int64
-				err := r.Scan(&id)
-				ids = append(ids, id)
-				return err
+		_, ownTx := e.(sqladapters.DB)
+		for attempt := 1; ; attempt++ {
+			moved, err = s.inTx(ctx, e, func(ex sqladapters.Executor) (int64, error) {
+				var ids []int64
+				err := s.query(ctx, ex, c.ClaimDue(now, limit), func(r sqladapters.Rows) error {
+					var id int64
+					err := r.Scan(&id)
+					ids = append(ids, id)
+					return err
+				})
+				if err != nil || len(ids) == 0 {
+					return 0, err
+				}
+				return s.run(ctx, ex, c.MoveClaimed(ids))
 			})
-			if err != nil || len(ids) == 0 {
-				return 0, err
+			// A caller's transaction that a deadlock rolled back cannot
+			// run the move again; a transaction of the store's own can.
+			if err == nil || !ownTx || attempt == moveAttempts || !c.RetryMove(err) || ctx.Err() != nil {
+				break
 			}
-			return s.run(ctx, ex, c.MoveClaimed(ids))
-		})
+		}
 	} else {
 		return 0, time.Time{}, fmt.Errorf("%w: %s cannot move scheduled messages", errors.ErrUnsupported, s.b.Name())
 	}
