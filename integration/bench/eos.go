@@ -207,36 +207,7 @@ func eosLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, dur 
 	if err != nil {
 		return 0, 0, err
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- f.Run(ctx) }()
-	if err := f.Ready(ctx); err != nil {
-		return 0, 0, err
-	}
-	committed, err := produceAtRate(ctx, rate, dur, func(i int) (string, error) {
-		tx, err := db.Begin(ctx, stdsql.TxOptions{})
-		if err != nil {
-			return "", err
-		}
-		p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
-		if err != nil {
-			return "", err
-		}
-		m := message.NewMessage(watermill.NewUUID(), make([]byte, 256))
-		m.Metadata.Set(forwarder.DefaultKeyMetadataField, "key-"+strconv.Itoa(i%200))
-		if err := p.Publish(topic, m); err != nil {
-			sqladapters.Rollback(tx)
-			return "", err
-		}
-		return m.UUID, tx.Commit(ctx)
-	})
-	if err == nil {
-		p50, p99, err = latencies(ctx, col.Collection, committed)
-	}
-	_ = f.Close()
-	if rerr := <-errc; err == nil {
-		err = rerr
-	}
-	return p50, p99, err
+	return forwardedLatency(ctx, f, db, d, topic, col.Collection, rate, dur)
 }
 
 // eosCrashes streams n keyed messages through two forwarder processes

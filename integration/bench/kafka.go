@@ -190,9 +190,18 @@ func millboxLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, 
 	if err != nil {
 		return 0, 0, err
 	}
+	return forwardedLatency(ctx, f, db, d, topic, col.Collection, rate, dur)
+}
+
+// forwardedLatency runs f while it commits rate messages per second for
+// dur into topic through the outbox of d, and returns the p50 and p99 of
+// their commit-to-arrival times at col.
+func forwardedLatency(ctx context.Context, f *forwarder.Forwarder, db sqladapters.DB, d sqladapters.Dialect, topic string, col *testenv.Collection, rate int, dur time.Duration) (p50, p99 time.Duration, err error) {
 	errc := make(chan error, 1)
 	go func() { errc <- f.Run(ctx) }()
-	<-f.Running()
+	if err := f.Ready(ctx); err != nil {
+		return 0, 0, err
+	}
 	committed, err := produceAtRate(ctx, rate, dur, func(i int) (string, error) {
 		tx, err := db.Begin(ctx, stdsql.TxOptions{})
 		if err != nil {
@@ -211,7 +220,7 @@ func millboxLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, 
 		return m.UUID, tx.Commit(ctx)
 	})
 	if err == nil {
-		p50, p99, err = latencies(ctx, col.Collection, committed)
+		p50, p99, err = latencies(ctx, col, committed)
 	}
 	_ = f.Close()
 	if rerr := <-errc; err == nil {
