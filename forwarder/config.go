@@ -9,22 +9,39 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/millbox/millbox/forwarder/destination"
+	"github.com/millbox/millbox/forwarder/internal/retry"
+	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
 )
 
 // Defaults of Config.
 const (
-	DefaultBatchSize      = 2000
-	DefaultConcurrency    = 256
-	DefaultPublishBatch   = 100
-	DefaultPollInterval   = time.Second
-	DefaultMinBackoff     = time.Second
-	DefaultMaxBackoff     = 5 * time.Minute
-	DefaultBackoffJitter  = 0.2
-	DefaultMaxAttempts    = 10
-	DefaultCloseTimeout   = 30 * time.Second
-	DefaultPublishTimeout = 30 * time.Second
+	DefaultBatchSize           = 2000
+	DefaultConcurrency         = 256
+	DefaultPublishBatch        = 100
+	DefaultDelayedPollInterval = time.Second
+	DefaultMaxAttempts         = 10
+	DefaultCloseTimeout        = 30 * time.Second
+	DefaultPublishTimeout      = 30 * time.Second
 )
+
+// Defaults of ExponentialRetry, the default RetryPolicy.
+const (
+	DefaultMinBackoff    = time.Second
+	DefaultMaxBackoff    = 5 * time.Minute
+	DefaultBackoffJitter = 0.2
+)
+
+// Source is where a Forwarder finds the rows to forward: Polling, or
+// cdc.Source for PostgreSQL's logical replication. Its methods are the
+// forwarder's: Source is implemented by millbox's packages only.
+type Source interface {
+	// Validate names the first invalid field of the source's settings.
+	Validate() error
+	// Open returns the source a forwarder drives. New calls it.
+	Open(env source.Env) (source.Source, error)
+}
 
 // Config configures a Forwarder. Pass it by value; New applies defaults to
 // its copy and validates it.
@@ -45,8 +62,8 @@ type Config struct {
 	// committed data: the rows of each partition of the outbox go to the
 	// destination in transactions that carry the forwarder's progress and
 	// are fenced by the partition's holder (see the package doc). The
-	// Destination must implement TxDestination (kafkabatch.TxPublisher
-	// does); New refuses one that does not. Defaults to false: at least
+	// Destination must implement destination.TxDestination
+	// (kafkabatch.TxPublisher does); New refuses one that does not. Defaults to false: at least
 	// once.
 	ExactlyOnce bool
 	// Source is where the forwarder finds the rows to forward: Polling,
@@ -70,24 +87,16 @@ type Config struct {
 	// one round trip. 1 publishes every message on its own. Defaults to
 	// DefaultPublishBatch.
 	PublishBatch int
-	// PollInterval is how often an idle forwarder reads the outbox table
-	// when nothing told it of new rows; it also finds rows whose retry
-	// came due. With Polling on a database that reports a horizon
-	// (Postgres), reads start after the rows already forwarded and one
-	// read per PollInterval starts at the first row, so a row that becomes
-	// pending below them again (a dead letter requeued by an operator)
-	// waits at most this long. With cdc.Source it is how often the rows of
-	// keys that failed are read while such keys exist. Defaults to
-	// DefaultPollInterval.
-	PollInterval time.Duration
+	// DelayedPollInterval is how often each instance looks for delayed
+	// messages that came due, to move them into the outbox; it also moves
+	// them at the due times that publishers in its own process report.
+	// Defaults to DefaultDelayedPollInterval.
+	DelayedPollInterval time.Duration
 
-	// MinBackoff and MaxBackoff bound the exponential delay before a
-	// failed row is tried again. Default to DefaultMinBackoff and
-	// DefaultMaxBackoff.
-	MinBackoff, MaxBackoff time.Duration
-	// BackoffJitter randomizes each delay by ± this fraction. Defaults to
-	// DefaultBackoffJitter; a negative value disables jitter.
-	BackoffJitter float64
+	// Retry decides how long a row whose publish failed waits before it
+	// is tried again. Defaults to ExponentialRetry{} (1 s doubling up to
+	// 5 minutes, ± 20%).
+	Retry RetryPolicy
 	// MaxAttempts moves a row to the dead letters after this many failed
 	// attempts. Defaults to DefaultMaxAttempts; a negative value retries
 	// forever.
@@ -108,11 +117,16 @@ type Config struct {
 	// were published), instead of deleting them; ops.Prune deletes them
 	// later. Defaults to false.
 	KeepForwarded bool
-	// PublishTimeout bounds one Publish call of the destination. A call
-	// that has not returned by then counts as a failed attempt of its first
-	// message (with backoff), and the key stays held until the call really
-	// returns: a late success can only produce a duplicate, never let a
-	// later message of the key overtake. Other keys keep flowing.
+	// PublishTimeout bounds one call of the destination: a Publish call,
+	// or with ExactlyOnce a transaction (TxDestination.PublishTx). The
+	// forwarder sets it as the deadline of the call's context (the
+	// messages' context, or PublishTx's), so a destination derives its own
+	// timeouts from it. A call that has not returned by then counts as
+	// failed: a Publish call as a failed attempt of its first message
+	// (with backoff), a transaction as one whose outcome is unknown (its
+	// partition is claimed again). Its keys stay held until the call
+	// really returns: a late success can only produce a duplicate, never
+	// let a later message of the key overtake. Other keys keep flowing.
 	// Defaults to DefaultPublishTimeout.
 	PublishTimeout time.Duration
 	// CloseTimeout bounds Close: the calls in flight, the deletes of
@@ -152,6 +166,57 @@ type Hooks struct {
 	// OnRead is called after each read of the outbox table with the
 	// number of rows it returned.
 	OnRead func(rows int)
+	// OnActive is called with true when this instance starts publishing
+	// (with Polling: it came to hold partitions; with cdc.Source: it
+	// became the slot's active reader) and with false when it stops.
+	OnActive func(active bool)
+}
+
+// RetryPolicy decides when a row whose publish failed is tried again.
+// The forwarder asks it once per failed attempt; a row that failed
+// MaxAttempts times goes to the dead letters instead. Implementations
+// must be safe for concurrent use.
+type RetryPolicy interface {
+	// NextRetry returns the delay before the next attempt, after attempt
+	// (1 for the first) failed with err.
+	NextRetry(attempt int, err error) time.Duration
+}
+
+// ExponentialRetry is the default RetryPolicy: Min after the first
+// failure, doubling with each further one up to Max, each delay
+// randomized by ± Jitter. Zero fields take DefaultMinBackoff,
+// DefaultMaxBackoff and DefaultBackoffJitter; a negative Jitter turns
+// jitter off.
+type ExponentialRetry struct {
+	Min, Max time.Duration
+	Jitter   float64
+}
+
+// NextRetry implements RetryPolicy.
+func (r ExponentialRetry) NextRetry(attempt int, err error) time.Duration {
+	return r.policy().NextRetry(attempt, err)
+}
+
+func (r ExponentialRetry) policy() retry.Exponential {
+	p := retry.Exponential{
+		Min:    cmp.Or(r.Min, DefaultMinBackoff),
+		Max:    cmp.Or(r.Max, DefaultMaxBackoff),
+		Jitter: cmp.Or(r.Jitter, DefaultBackoffJitter),
+	}
+	p.Jitter = max(p.Jitter, 0)
+	return p
+}
+
+// validate names the first invalid field.
+func (r ExponentialRetry) validate() error {
+	p := r.policy()
+	switch {
+	case r.Min < 0 || p.Max < p.Min:
+		return fmt.Errorf("ExponentialRetry.Min (%v) must be >= 0 and <= Max (%v)", p.Min, p.Max)
+	case r.Jitter > 1:
+		return fmt.Errorf("ExponentialRetry.Jitter must be at most 1, got %v", r.Jitter)
+	}
+	return nil
 }
 
 // FailedAttempt is one failed attempt to publish an outbox row, as
@@ -184,12 +249,9 @@ func (c *Config) setDefaults() {
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.PublishBatch = cmp.Or(c.PublishBatch, DefaultPublishBatch)
-	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
-	c.MinBackoff = cmp.Or(c.MinBackoff, DefaultMinBackoff)
-	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
-	c.BackoffJitter = cmp.Or(c.BackoffJitter, DefaultBackoffJitter)
-	if c.BackoffJitter < 0 {
-		c.BackoffJitter = 0
+	c.DelayedPollInterval = cmp.Or(c.DelayedPollInterval, DefaultDelayedPollInterval)
+	if c.Retry == nil {
+		c.Retry = ExponentialRetry{}
 	}
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
@@ -218,23 +280,24 @@ func (c Config) Validate() error {
 	case c.Destination == nil:
 		return bad("Config.Destination (the publisher messages go to) is required")
 	case c.ExactlyOnce && !isTx(c.Destination):
-		return bad("Config.ExactlyOnce needs a Destination that publishes in transactions (a forwarder.TxDestination, such as kafkabatch.TxPublisher); %T is not one", c.Destination)
+		return bad("Config.ExactlyOnce needs a Destination that publishes in transactions (a destination.TxDestination, such as kafkabatch.TxPublisher); %T is not one", c.Destination)
 	case c.BatchSize < 1 || c.BatchSize > 50000:
 		return bad("Config.BatchSize must be between 1 and 50000, got %d", c.BatchSize)
 	case c.Concurrency < 1 || c.Concurrency > 4096:
 		return bad("Config.Concurrency must be between 1 and 4096, got %d", c.Concurrency)
 	case c.PublishBatch < 1 || c.PublishBatch > 10000:
 		return bad("Config.PublishBatch must be between 1 and 10000, got %d", c.PublishBatch)
-	case c.PollInterval < time.Millisecond:
-		return bad("Config.PollInterval must be at least 1ms, got %v", c.PollInterval)
-	case c.MinBackoff < 0 || c.MaxBackoff < c.MinBackoff:
-		return bad("Config.MinBackoff (%v) must be >= 0 and <= MaxBackoff (%v)", c.MinBackoff, c.MaxBackoff)
-	case c.BackoffJitter > 1:
-		return bad("Config.BackoffJitter must be at most 1, got %v", c.BackoffJitter)
+	case c.DelayedPollInterval < time.Millisecond:
+		return bad("Config.DelayedPollInterval must be at least 1ms, got %v", c.DelayedPollInterval)
 	case c.CloseTimeout < 0:
 		return bad("Config.CloseTimeout must not be negative")
 	case c.PublishTimeout < 0:
 		return bad("Config.PublishTimeout must not be negative")
+	}
+	if r, ok := c.Retry.(ExponentialRetry); ok {
+		if err := r.validate(); err != nil {
+			return bad("Config.Retry: %v", err)
+		}
 	}
 	return c.Source.Validate()
 }
@@ -246,6 +309,6 @@ func defaultLogger() watermill.LoggerAdapter {
 }
 
 func isTx(p message.Publisher) bool {
-	_, ok := p.(TxDestination)
+	_, ok := p.(destination.TxDestination)
 	return ok
 }

@@ -51,10 +51,14 @@
 // stays a walk of the outbox's primary key however many messages wait.
 // Every forwarder instance, with either source, moves due messages into
 // the outbox in one transaction per batch (sqladapters.Dialect.MoveDue;
-// concurrent instances never move a message twice): at least once per
-// PollInterval, and at the earliest due time it knows of. It learns that time from the table at each look and at once from
+// concurrent instances never move a message twice, and one move runs at a
+// time per outbox, so a key's due messages enter the outbox in due order
+// whatever the number of instances): at least once per
+// Config.DelayedPollInterval (1 s), and at the earliest due time it knows
+// of. It learns that time from the table at each look and at once from
 // publishers in its own process. A delayed message therefore arrives no
-// earlier than its due time and normally within PollInterval after it;
+// earlier than its due time and normally within DelayedPollInterval after
+// it;
 // due times are compared with the clock of the forwarder's machine. While
 // no forwarder runs, due messages wait. The table comes with migration 7;
 // a forwarder refuses to start without it. A publisher with
@@ -76,11 +80,11 @@
 //
 // A Forwarder is one engine driving one source of rows (Config.Source).
 // The engine owns what every promise below rests on: a lane per ordering
-// key, Publish calls bounded by PublishTimeout, failure records with
-// backoff and dead letters, the breaker that turns an outage into one
-// event, deletes of published rows, metrics and spans, and the lifecycle
-// (Run, Ready, Running, Close). The source only finds rows and learns what
-// became of them:
+// key, destination calls bounded by PublishTimeout, failure records paced
+// by Config.Retry and dead letters, the breaker that turns an outage into
+// one event, deletes of published rows; the forwarder adds metrics and
+// spans and the lifecycle (Run, Ready, Running, Close). The source only
+// finds rows and learns what became of them:
 //
 //   - Polling (the default) reads the outbox table on every database. It
 //     finds new rows by watching the outbox's high-water mark, or through
@@ -94,6 +98,14 @@
 //
 // The guarantees hold the same for both sources; one conformance suite of
 // the forwarder and its faults runs on each.
+//
+// The parts, each a package that says what it owns and may import:
+// forwarder/outbox (the Publisher; this package re-exports its names),
+// forwarder/destination (what a destination may say back: the contract
+// batching publishers implement), forwarder/polling and forwarder/cdc (the
+// sources), forwarder/telemetry (metrics, spans, trace context), and, not
+// importable from outside, the engine, the mover of delayed messages and
+// the one retry policy of the forwarder's own operations.
 //
 // # Guarantees
 //
@@ -130,21 +142,23 @@
 //     index per keyed row, and its waiting rows are walked by each read
 //     and keep the read floor below them (see Reading a large outbox)
 //     until it is released; with cdc.Source a held key is read from the
-//     table, as a key whose row failed, every PollInterval until it is
-//     released, so a discard takes effect within a PollInterval.
+//     table, as a key whose row failed, every cdc.Source.PollInterval
+//     until it is released, so a discard takes effect within one.
 //   - Independent keys. A slow, failing or hanging Publish holds back only
 //     its own key: reads and calls for every other key go on while it
-//     hangs. A call that has not returned within PublishTimeout counts as a
-//     failed attempt; its key still waits for the call to return before it
-//     moves on, so a late success only duplicates a message, never reorders
-//     it. Reads stay bounded by the engine's buffer (BatchSize queued rows)
+//     hangs, at their usual pace. PublishTimeout is the deadline of the
+//     call's context, so a destination that honours it gives up then; a
+//     call that has not returned by then counts as a failed attempt, and
+//     its key still waits for the call to return before it moves on, so a
+//     late success only duplicates a message, never reorders it. Reads stay bounded by the engine's buffer (BatchSize queued rows)
 //     and, when calls of several keys stall at once, until one of them
 //     ends.
-//   - Retries and dead letters. A failed row is retried with exponential
-//     backoff (MinBackoff doubling to MaxBackoff, ± BackoffJitter); after
-//     MaxAttempts it is dead-lettered: kept with its last error, skipped,
-//     and listed or requeued through sqladapters/ops, the millbox command
-//     or the admin page. With the defaults a row is dead-lettered after
+//   - Retries and dead letters. A failed row is retried when Config.Retry
+//     says (ExponentialRetry by default: 1 s doubling to 5 minutes,
+//     ± 20%); after MaxAttempts it is dead-lettered: moved, with its last
+//     error, to the outbox's table of dead letters, where
+//     sqladapters/ops, the millbox command and the admin page list,
+//     requeue or discard it. With the defaults a row is dead-lettered after
 //     about 8.5 minutes of failures (attempts at 0, 1, 3, 7, ... 511 s).
 //     When recording a failure fails itself, the forwarder logs it, holds
 //     the key back for the backoff, reports it to Hooks.OnError and in
@@ -175,7 +189,11 @@
 // Config.Destination is any message.Publisher: watermill-kafka,
 // watermill-amqp (v2 or v3), watermill-nats, watermill-redisstream, or
 // anything else. The message's UUID, payload and metadata arrive
-// unchanged; Config.Topic maps a row's topic to the destination's. A
+// unchanged, and the ordering key stored with its row is set in
+// destination.KeyMetadataField (partition_key), whatever field the
+// producer took it from (PublisherConfig.KeyMetadataField), so every
+// destination keys by the same value; Config.Topic maps a row's topic to
+// the destination's. A
 // batching publisher sends several messages of a key in one round trip and
 // reports, with PartialError, how many leading messages got through, so
 // that no later message of a key is written after a failed one;
@@ -185,8 +203,9 @@
 //
 // With Kafka, make the ordering key the record key so that a key stays on
 // one partition: kafkabatch does by default; with watermill-kafka use
-// kafka.NewWithPartitioningMarshaler returning
-// msg.Metadata.Get(DefaultKeyMetadataField). With RabbitMQ, set
+// kafka.NewWithPartitioningMarshaler returning destination.Key(msg). With
+// NATS JetStream and Redis Streams, map a key to its group's subject or
+// stream with Config.Topic and destination.Key. With RabbitMQ, set
 // Publish.ConfirmDelivery so that a publish succeeds only once the broker
 // has the message, and a ChannelPoolSize (the default opens a channel per
 // publish); the durable queue config does not declare the queue on
@@ -198,8 +217,8 @@
 // position of its id sequence on Postgres, the largest id on MySQL and
 // SQLite: one cheap query) every Polling.WatchInterval (5 ms) and reads
 // the outbox only when it moved; a Publisher in the same process wakes the
-// forwarders of its outbox at once; PollInterval (1 s) finds rows whose
-// retry came due. On Postgres, postgres.Options.Notify adds pg_notify to
+// forwarders of its outbox at once; Polling.PollInterval (1 s) finds rows
+// whose retry came due. On Postgres, postgres.Options.Notify adds pg_notify to
 // the outbox insert and a forwarder on pgxv5.WrapPool listens for it,
 // at the price of a lock at commit (see package sqladapters/postgres). A
 // forwarder checks that its notifications arrive (NotifyProbeInterval);
@@ -213,8 +232,9 @@
 // source splits the keys into Polling.Partitions partitions, leased by
 // one instance at a time, and the instances share them evenly
 // (Forwarder.Partitions tells which this one holds). Each instance counts
-// the live ones every PollInterval, so partitions move within a poll
-// interval when an instance stops gracefully or joins, and after LeaseTTL
+// the live ones every quarter of Polling.PollInterval, so partitions move
+// within a poll interval when an instance stops gracefully or joins, and
+// after LeaseTTL
 // (15 s) when one crashed. Every instance of an outbox must use the same
 // Partitions; change it only with all of them stopped. With cdc.Source one
 // instance streams and the others stand by.
@@ -222,14 +242,16 @@
 // # Health
 //
 // Forwarder.Status reports whether the forwarder runs, its partitions, its
-// last publish and last error, and the outbox's pending and dead rows and
-// the age of its oldest pending row. HealthHandler serves /healthz and
+// last publish and last error, and the outbox's stats
+// (sqladapters.OutboxStats: pending messages and the age of the oldest,
+// dead letters and the keys they hold, scheduled messages and the next due
+// time). HealthHandler serves /healthz and
 // /readyz from it, with a JSON body that says why an instance is not
 // ready.
 //
 // # Configuration
 //
-// Config, Polling and PublisherConfig are passed by value; a zero field
+// Config, Polling, cdc.Source and PublisherConfig are passed by value; a zero field
 // takes the default its documentation names (the Default constants), and
 // New and NewContextPublisher call Validate, whose error names the field
 // and the rule it breaks (errors.Is(err, ErrInvalidConfig)).
@@ -299,7 +321,7 @@
 // transaction (integration/bench -case eos measures the rate against at
 // least once); PublishTimeout bounds each transaction through its context,
 // and the destination must return when it ends (kafkabatch ends a
-// transaction at its DeliveryTimeout); an open transaction holds back
+// transaction at that deadline); an open transaction holds back
 // read_committed consumers of the Kafka partitions it wrote until it ends,
 // so after a crash they may wait until another forwarder takes the
 // partition over (Polling.LeaseTTL) or the transaction times out.
@@ -311,7 +333,7 @@
 // read from the first row walks them all: tens of milliseconds per read
 // after a few million rows drained between two vacuums. On Postgres
 // (sqladapters.Features.Horizon) the forwarder reads past them: once per
-// PollInterval a head read starts at the first row, between two looks at
+// Polling.PollInterval a head read starts at the first row, between two looks at
 // the id sequence and the oldest running transaction
 // (sqladapters.Dialect.PendingHorizon), and sets a floor below which no
 // row is pending or can still become visible; the reads in between start
@@ -325,7 +347,7 @@
 // transaction id before the row's id is drawn, which millbox's publisher
 // ensures. A row inserted into the outbox table by other means, in a
 // transaction that has written nothing before, could in a rare race be
-// left to the next head read, up to PollInterval later, and be overtaken
+// left to the next head read, up to Polling.PollInterval later, and be overtaken
 // by a later row of its key.
 //
 // # Observability

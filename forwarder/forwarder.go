@@ -2,9 +2,18 @@ package forwarder
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/millbox/millbox/forwarder/destination"
+	"github.com/millbox/millbox/forwarder/internal/engine"
+	"github.com/millbox/millbox/forwarder/internal/mover"
 	"github.com/millbox/millbox/forwarder/internal/source"
+	"github.com/millbox/millbox/forwarder/telemetry"
+	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/startstop"
 )
 
@@ -30,25 +39,24 @@ import (
 //     calls for other keys go on while it hangs. A call that hangs past
 //     PublishTimeout counts as a failed attempt while the key waits for it
 //     to return;
-//   - a failing row is retried with exponential backoff and moved to the
-//     dead letters after MaxAttempts;
+//   - a failing row is retried as Config.Retry says and moved to the dead
+//     letters after MaxAttempts;
 //   - one outage is one event: when the destination itself is down
 //     (connection refused or lost, or several keys failing in a row), the
 //     forwarder stops reading and publishing, probes with one message at a
 //     time, and resumes within about a second of the destination's return.
 //     Such failures do not count as attempts.
 //
-// Structure: the engine's loop goroutine owns all in-flight state (lanes,
-// the breaker: engine.go, breaker.go); Publish calls (call.go), failure
-// records (failure.go) and deletes (ack.go) run on their own goroutines
-// and report to it; the source hands rows to it and learns what became of
-// them (package forwarder/internal/source; the polling source is poll.go,
-// leases.go and listen.go).
+// Structure: the forwarder wires a source (package forwarder/polling, or
+// forwarder/cdc) to the engine (forwarder/internal/engine), which owns
+// lanes, calls, failures, the breaker and deletes, and reports what it
+// does to the forwarder's telemetry and hooks; a mover per instance moves
+// delayed messages that came due (forwarder/internal/mover).
 type Forwarder struct {
 	cfg    Config
-	tel    *telemetry
+	tel    *telemetry.Recorder
 	src    source.Source
-	txDest TxDestination // with ExactlyOnce
+	txDest destination.TxDestination // with ExactlyOnce
 	life   startstop.Base
 }
 
@@ -58,25 +66,25 @@ func New(cfg Config) (*Forwarder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	tel, err := newTelemetry(cfg.Telemetry, cfg.Dialect)
+	tel, err := telemetry.NewRecorder(cfg.Telemetry, cfg.Dialect)
 	if err != nil {
 		return nil, fmt.Errorf("millbox: forwarder telemetry: %w", err)
 	}
 	f := &Forwarder{cfg: cfg, tel: tel}
 	if cfg.ExactlyOnce {
-		f.txDest = cfg.Destination.(TxDestination)
+		f.txDest = cfg.Destination.(destination.TxDestination)
 	}
 	f.src, err = cfg.Source.Open(source.Env{
 		DB:              cfg.DB,
 		Dialect:         cfg.Dialect,
 		Logger:          cfg.Logger,
 		BatchSize:       cfg.BatchSize,
-		PollInterval:    cfg.PollInterval,
 		CloseTimeout:    cfg.CloseTimeout,
-		Meter:           tel.meter,
-		Attrs:           tel.base,
+		Meter:           tel.Meter(),
+		Attrs:           tel.Attrs(),
 		ReportError:     f.reportError,
 		Read:            f.read,
+		Active:          f.active,
 		ExactlyOnce:     cfg.ExactlyOnce,
 		DeadLetterHolds: cfg.DeadLetterHoldsKey,
 	})
@@ -115,46 +123,65 @@ func (f *Forwarder) Run(ctx context.Context) error {
 }
 
 func (f *Forwarder) run(ctx context.Context) error {
-	if err := f.src.Prepare(ctx); err != nil {
+	if err := f.start(ctx); err != nil {
 		f.cfg.Logger.Error("millbox forwarder: cannot start", err, nil)
+		return err
+	}
+	if err := f.tel.Observe(f.isRunning, func() int { return len(f.src.Partitions()) }); err != nil {
+		f.cfg.Logger.Error("millbox forwarder: cannot register its gauges", err, nil)
+	}
+	defer func() { _ = f.tel.Close() }()
+
+	moving := make(chan struct{})
+	go func() {
+		defer close(moving)
+		mover.Run(ctx, mover.Config{
+			DB: f.cfg.DB, Dialect: f.cfg.Dialect, Interval: f.cfg.DelayedPollInterval, BatchSize: f.cfg.BatchSize,
+			Logger: f.cfg.Logger, ReportError: f.reportError,
+		})
+	}()
+	engine.New(engine.Config{
+		DB:                 f.cfg.DB,
+		Dialect:            f.cfg.Dialect,
+		Destination:        f.cfg.Destination,
+		Tx:                 f.txDest,
+		Topic:              f.cfg.Topic,
+		BatchSize:          f.cfg.BatchSize,
+		Concurrency:        f.cfg.Concurrency,
+		PublishBatch:       f.cfg.PublishBatch,
+		PublishTimeout:     f.cfg.PublishTimeout,
+		CloseTimeout:       f.cfg.CloseTimeout,
+		Retry:              f.cfg.Retry,
+		MaxAttempts:        f.cfg.MaxAttempts,
+		DeadLetterHoldsKey: f.cfg.DeadLetterHoldsKey,
+		KeepForwarded:      f.cfg.KeepForwarded,
+		Logger:             f.cfg.Logger,
+		Observer:           observer{f},
+		Started:            f.life.Started,
+	}, f.src).Run(ctx)
+	<-moving
+	// Nothing is in flight any more: the source hands over what it holds.
+	f.src.Close()
+	return nil
+}
+
+// start checks what the forwarder needs before it runs: the source's
+// tables and settings, the destination's transactions in exactly-once
+// mode, and the table of scheduled messages.
+func (f *Forwarder) start(ctx context.Context) error {
+	if err := f.src.Prepare(ctx); err != nil {
 		return err
 	}
 	if f.txDest != nil {
 		if err := f.txDest.PrepareTx(ctx); err != nil {
-			err = fmt.Errorf("millbox: forwarder start: exactly once: %w", err)
-			f.cfg.Logger.Error("millbox forwarder: cannot start", err, nil)
-			return err
+			return fmt.Errorf("millbox: forwarder start: exactly once: %w", err)
 		}
 	}
-	if err := f.checkScheduled(ctx); err != nil {
-		err = fmt.Errorf("millbox: forwarder start: scheduled messages: %w", err)
-		f.cfg.Logger.Error("millbox forwarder: cannot start", err, nil)
-		return err
+	// Refuse to start on a schema without the table of scheduled
+	// messages rather than leave them where nothing moves them.
+	if _, _, err := f.cfg.Dialect.MoveDue(ctx, f.cfg.DB, time.Time{}, 1); errors.Is(err, sqladapters.ErrMissingTable) {
+		return fmt.Errorf("millbox: forwarder start: scheduled messages: %w", err)
 	}
-	if err := f.tel.observe(f.isRunning, func() int { return len(f.src.Partitions()) }); err != nil {
-		f.cfg.Logger.Error("millbox forwarder: cannot register its gauges", err, nil)
-	}
-	defer func() { _ = f.tel.close() }()
-
-	mv, unsubscribe := newMover(f)
-	defer unsubscribe()
-	moving := make(chan struct{})
-	go func() {
-		defer close(moving)
-		mv.run(ctx)
-	}()
-	e := newEngine(f, ctx)
-	wait := f.src.Start(ctx, e)
-	e.loop()
-	<-moving
-	// Nothing is in flight any more: calls, failure records, deletes and
-	// the source's reads have ended. The source hands over what it holds.
-	wait()
-	e.del.close()
-	if e.tx != nil {
-		e.tx.close()
-	}
-	f.src.Close()
 	return nil
 }
 
@@ -176,7 +203,7 @@ func (f *Forwarder) reportError(err error) {
 	if err == nil {
 		return
 	}
-	f.tel.noteError(err)
+	f.tel.NoteError(err)
 	if f.cfg.Hooks.OnError != nil {
 		f.cfg.Hooks.OnError(err)
 	}
@@ -184,9 +211,16 @@ func (f *Forwarder) reportError(err error) {
 
 // read reports one read of the outbox table.
 func (f *Forwarder) read(n int) {
-	f.tel.batchSize(context.Background(), n)
+	f.tel.BatchSize(context.Background(), n)
 	if hook := f.cfg.Hooks.OnRead; hook != nil {
 		hook(n)
+	}
+}
+
+// active reports that this instance started or stopped publishing.
+func (f *Forwarder) active(active bool) {
+	if hook := f.cfg.Hooks.OnActive; hook != nil {
+		hook(active)
 	}
 }
 
@@ -207,12 +241,56 @@ func (f *Forwarder) Partitions() []int { return f.src.Partitions() }
 
 // Status reports the forwarder's state and the outbox's backlog, read
 // from the database: whether it runs, the partitions it holds, its last
-// successful publish and last error, pending rows, dead letters and the
-// age of the oldest pending row. It serves HealthHandler.
+// successful publish and last error, and the outbox's stats. It serves
+// HealthHandler.
 func (f *Forwarder) Status(ctx context.Context) (Status, error) {
 	stats, err := f.cfg.Dialect.OutboxStats(ctx, f.cfg.DB)
 	if err != nil {
 		return Status{}, fmt.Errorf("millbox: read the outbox's stats: %w", err)
 	}
-	return f.tel.status(f.isRunning(), f.Partitions(), stats), nil
+	s := Status{Running: f.isRunning(), Partitions: f.Partitions(), OutboxStats: stats}
+	s.LastPublish, s.LastError, s.LastErrorAt = f.tel.Health()
+	return s, nil
 }
+
+// observer turns what the engine does into telemetry and the user's
+// hooks.
+type observer struct{ f *Forwarder }
+
+func (o observer) StartSend(ctx context.Context, topic string, msgs []*message.Message) (context.Context, func(error)) {
+	return o.f.tel.StartSend(ctx, topic, msgs)
+}
+
+func (o observer) Called(ctx context.Context, topic string, took time.Duration, err error) {
+	o.f.tel.PublishDuration(ctx, topic, took, err)
+}
+
+func (o observer) Sent(topic string, n int) { o.f.tel.Sent(context.Background(), topic, n) }
+
+func (o observer) Failed(topic string, n int, err error) {
+	o.f.tel.Failed(context.Background(), topic, n, err)
+}
+
+func (o observer) Acked(topic string, age time.Duration) {
+	o.f.tel.CommitToAck(context.Background(), topic, age)
+}
+
+func (o observer) Batch(b engine.Batch) {
+	if hook := o.f.cfg.Hooks.OnBatch; hook != nil {
+		hook(BatchStats{Messages: b.Messages, Forwarded: b.Forwarded, Failed: b.Failed, Duration: b.Duration})
+	}
+}
+
+func (o observer) Failure(a engine.Failure) {
+	if a.Dead {
+		o.f.tel.DeadLettered(context.Background(), a.Topic, 1)
+	}
+	if hook := o.f.cfg.Hooks.OnFailure; hook != nil {
+		hook(FailedAttempt{
+			ID: a.ID, UUID: a.UUID, Topic: a.Topic, Key: a.Key,
+			Attempts: a.Attempts, Error: a.Error, Backoff: a.Backoff, Dead: a.Dead,
+		})
+	}
+}
+
+func (o observer) Error(err error) { o.f.reportError(err) }

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"path"
 	"time"
+
+	"github.com/millbox/millbox/sqladapters"
 )
 
 // DefaultHealthTimeout bounds one Status call of the readiness check.
@@ -27,17 +29,11 @@ type Status struct {
 	// LastErrorAt is when it happened.
 	LastError   string
 	LastErrorAt time.Time
-	// Pending and Dead count the rows of the outbox (every instance's).
-	Pending int64
-	Dead    int64
-	// HeldKeys counts the ordering keys held by a dead letter
-	// (Config.DeadLetterHoldsKey).
-	HeldKeys int64
-	// Scheduled counts the delayed messages waiting for their due time.
-	Scheduled int64
-	// OldestPendingAge is the age of the oldest pending row, 0 when
-	// nothing is pending, negative when the dialect cannot tell.
-	OldestPendingAge time.Duration
+	// OutboxStats is the outbox's backlog, every instance's: pending
+	// messages and the age of the oldest, dead letters (in the outbox's
+	// table of dead letters) and the keys they hold, scheduled messages
+	// and the earliest due time.
+	sqladapters.OutboxStats
 }
 
 // StatusSource reports the Status that HealthHandler judges.
@@ -100,6 +96,7 @@ type statusDetail struct {
 	HeldKeys                int64      `json:"held_keys,omitempty"`
 	Scheduled               int64      `json:"scheduled"`
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds,omitempty"`
+	NextDue                 *time.Time `json:"next_due,omitempty"`
 }
 
 func newStatusDetail(s Status) *statusDetail {
@@ -120,6 +117,9 @@ func newStatusDetail(s Status) *statusDetail {
 	}
 	if !s.LastErrorAt.IsZero() {
 		d.LastErrorAt = &s.LastErrorAt
+	}
+	if !s.NextDue.IsZero() {
+		d.NextDue = &s.NextDue
 	}
 	if s.OldestPendingAge >= 0 {
 		age := s.OldestPendingAge.Seconds()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/sqladapters"
 )
 
 // fakeStatus is a StatusSource whose answer the test sets.
@@ -70,7 +71,7 @@ func TestReadinessFollowsRunningAndPendingAge(t *testing.T) {
 	src := &fakeStatus{}
 	h := forwarder.HealthHandler(src, forwarder.HealthOptions{MaxPendingAge: time.Minute})
 
-	src.set(forwarder.Status{Running: true, Partitions: []int{0, 2}, Pending: 3, OldestPendingAge: 2 * time.Second}, nil)
+	src.set(forwarder.Status{Running: true, Partitions: []int{0, 2}, OutboxStats: sqladapters.OutboxStats{Pending: 3, OldestPendingAge: 2 * time.Second}}, nil)
 	r := get(t, h, "/readyz")
 	if r.code != http.StatusOK || r.body.Status != "ready" || len(r.body.Reasons) != 0 {
 		t.Fatalf("running forwarder: %d %+v", r.code, r.body)
@@ -89,7 +90,7 @@ func TestReadinessFollowsRunningAndPendingAge(t *testing.T) {
 		t.Fatalf("status detail: %+v", r.body.Forwarder)
 	}
 
-	src.set(forwarder.Status{Running: true, Pending: 10, OldestPendingAge: 90 * time.Second}, nil)
+	src.set(forwarder.Status{Running: true, OutboxStats: sqladapters.OutboxStats{Pending: 10, OldestPendingAge: 90 * time.Second}}, nil)
 	r = get(t, h, "/readyz")
 	if r.code != http.StatusServiceUnavailable || len(r.body.Reasons) != 1 || !strings.Contains(r.body.Reasons[0], "1m30s old, over the limit of 1m0s") {
 		t.Fatalf("old backlog: %d %+v", r.code, r.body)
@@ -124,7 +125,7 @@ func TestLivenessDoesNotAskForStatus(t *testing.T) {
 }
 
 func TestReadinessWithoutAgeLimitIgnoresAge(t *testing.T) {
-	src := &fakeStatus{status: forwarder.Status{Running: true, OldestPendingAge: 24 * time.Hour}}
+	src := &fakeStatus{status: forwarder.Status{Running: true, OutboxStats: sqladapters.OutboxStats{OldestPendingAge: 24 * time.Hour}}}
 	h := forwarder.HealthHandler(src, forwarder.HealthOptions{})
 	if r := get(t, h, "/readyz"); r.code != http.StatusOK {
 		t.Fatalf("%d %+v", r.code, r.body)
@@ -141,7 +142,7 @@ func (s staticStatus) Status(context.Context) (forwarder.Status, error) {
 func ExampleHealthHandler() {
 	// A forwarder whose oldest pending message waits for longer than the
 	// limit: alive, but not ready.
-	source := staticStatus{Running: true, Partitions: []int{0, 1}, Pending: 42, OldestPendingAge: 10 * time.Minute}
+	source := staticStatus{Running: true, Partitions: []int{0, 1}, OutboxStats: sqladapters.OutboxStats{Pending: 42, OldestPendingAge: 10 * time.Minute}}
 	health := forwarder.HealthHandler(source, forwarder.HealthOptions{MaxPendingAge: 5 * time.Minute})
 	mux := http.NewServeMux()
 	mux.Handle("/healthz", health)

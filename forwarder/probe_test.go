@@ -18,11 +18,6 @@ func TestNotifyProbeIntervalDefaultAndValidation(t *testing.T) {
 		Dialect:     postgres.MustNew(postgres.Options{Notify: true}),
 		Destination: gochannel.NewGoChannel(gochannel.Config{}, nil),
 	}
-	var p Polling
-	p.setDefaults()
-	if p.NotifyProbeInterval != DefaultNotifyProbeInterval {
-		t.Fatalf("NotifyProbeInterval defaults to %v", p.NotifyProbeInterval)
-	}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package forwarder
 
 import (
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 
@@ -11,35 +10,6 @@ import (
 	"github.com/millbox/millbox/sqladapters/postgres"
 	"github.com/millbox/millbox/sqladapters/stdsql"
 )
-
-func TestProgressRoundTrip(t *testing.T) {
-	published := map[int64]uint32{7: 0, 1 << 40: 12, 3: 4294967295}
-	b := encodeProgress(published, []progressRow{{id: 9}, {id: 7}, {id: 5, xid: 100}})
-	got, err := decodeProgress(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []progressRow{{3, 4294967295}, {5, 100}, {7, 0}, {9, 0}, {1 << 40, 12}}
-	if !slices.Equal(got, want) {
-		t.Fatalf("decoded %v, want %v", got, want)
-	}
-	if rows, err := decodeProgress(nil); err != nil || rows != nil {
-		t.Fatalf("no progress: %v, %v", rows, err)
-	}
-	if rows, err := decodeProgress(encodeProgress(nil, nil)); err != nil || len(rows) != 0 {
-		t.Fatalf("empty progress: %v, %v", rows, err)
-	}
-	for name, bad := range map[string][]byte{
-		"foreign":   []byte("{\"offset\":3}"),
-		"truncated": b[:len(b)-1],
-		"trailing":  append(slices.Clone(b), 0),
-		"count":     append(slices.Clone(progressMagic), 0xff, 0xff, 0xff, 0xff, 0x0f),
-	} {
-		if _, err := decodeProgress(bad); !errors.Is(err, errBadProgress) {
-			t.Errorf("%s: %v, want errBadProgress", name, err)
-		}
-	}
-}
 
 func TestExactlyOnceNeedsATransactionalDestination(t *testing.T) {
 	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)

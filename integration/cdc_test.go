@@ -362,7 +362,8 @@ func TestCDCChildProcess(t *testing.T) {
 		DB:          db,
 		Dialect:     d,
 		Destination: pub,
-		Source: cdc.Source{ConnString: testenv.PostgresURL(), Slot: slot, Publication: slot, StatusInterval: status, OnActive: func(active bool) {
+		Source:      cdc.Source{ConnString: testenv.PostgresURL(), Slot: slot, Publication: slot, StatusInterval: status},
+		Hooks: forwarder.Hooks{OnActive: func(active bool) {
 			if active {
 				fmt.Println("CDC-ACTIVE")
 			}
@@ -424,14 +425,12 @@ func TestCDCFailoverSIGKILL(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 	var tookOver atomic.Bool
-	cfg := e.with(func(s *cdc.Source) {
-		s.StandbyRetry = 200 * time.Millisecond
-		s.OnActive = func(a bool) {
-			if a {
-				tookOver.Store(true)
-			}
+	cfg := e.with(func(s *cdc.Source) { s.StandbyRetry = 200 * time.Millisecond })
+	cfg.Hooks.OnActive = func(a bool) {
+		if a {
+			tookOver.Store(true)
 		}
-	})
+	}
 	cfg.Destination = pub
 	e.start(t, cfg)
 	if tookOver.Load() {
@@ -490,13 +489,12 @@ func TestCDCPostgresRestart(t *testing.T) {
 	ctx := testenv.Ctx(t, 5*time.Minute)
 	e.setup(t, ctx)
 	var sessions atomic.Int64
-	cfg := e.with(func(s *cdc.Source) {
-		s.OnActive = func(a bool) {
-			if a {
-				sessions.Add(1)
-			}
+	cfg := e.cfg
+	cfg.Hooks.OnActive = func(a bool) {
+		if a {
+			sessions.Add(1)
 		}
-	})
+	}
 	cfg.Destination = pub
 	e.start(t, cfg)
 
@@ -590,10 +588,10 @@ func TestCDCPoisonKey(t *testing.T) {
 	cfg := e.cfg
 	cfg.Destination = pub
 	cfg.MaxAttempts = 3
-	cfg.MinBackoff, cfg.MaxBackoff = 100*time.Millisecond, 200*time.Millisecond
+	cfg.Retry = forwarder.ExponentialRetry{Min: 100 * time.Millisecond, Max: 200 * time.Millisecond}
 	// Retries are read when due; nothing else polls during the test, so the
 	// requeued row is found only through its insert in the stream.
-	cfg.PollInterval = time.Hour
+	conformance.SetPollInterval(&cfg, time.Hour)
 	cfg.Hooks.OnFailure = func(f forwarder.FailedAttempt) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -706,7 +704,7 @@ func TestCDCRequeueGoesFirst(t *testing.T) {
 	cfg.Destination = pub
 	cfg.MaxAttempts = 1
 	cfg.PublishTimeout = time.Minute
-	cfg.PollInterval = time.Hour
+	conformance.SetPollInterval(&cfg, time.Hour)
 	cfg.Hooks.OnFailure = func(f forwarder.FailedAttempt) {
 		if f.Dead {
 			dead <- struct{}{}
@@ -1070,7 +1068,7 @@ func TestCDCPublishTimeout(t *testing.T) {
 	cfg.Destination = pub
 	cfg.Concurrency = 1
 	cfg.PublishTimeout = 200 * time.Millisecond
-	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 100*time.Millisecond
+	cfg.Retry = forwarder.ExponentialRetry{Min: 50 * time.Millisecond, Max: 100 * time.Millisecond}
 	cfg.MaxAttempts = -1
 	cfg.Hooks.OnFailure = func(f forwarder.FailedAttempt) {
 		if f.UUID == stuck.UUID && strings.Contains(f.Error, "PublishTimeout") {

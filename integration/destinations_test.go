@@ -63,13 +63,13 @@ func (outboxPublisher) Close() error { return nil }
 // total order would key them.
 func pubSubThroughOutbox(t *testing.T, db sqladapters.DB, d sqladapters.Dialect, dest message.Publisher, features tests.Features, newSub func(t *testing.T, group string) message.Subscriber) {
 	conformance.StartForwarder(t, forwarder.Config{
-		DB:           db,
-		Dialect:      d,
-		Destination:  dest,
-		PollInterval: 100 * time.Millisecond,
-		MinBackoff:   50 * time.Millisecond,
-		MaxBackoff:   time.Second,
-		MaxAttempts:  -1,
+		DB:                  db,
+		Dialect:             d,
+		Destination:         dest,
+		DelayedPollInterval: 100 * time.Millisecond,
+		Source:              forwarder.Polling{PollInterval: 100 * time.Millisecond},
+		Retry:               forwarder.ExponentialRetry{Min: 50 * time.Millisecond, Max: time.Second},
+		MaxAttempts:         -1,
 	})
 	pub := outboxPublisher{db: db, cfg: forwarder.PublisherConfig{
 		Dialect:     d,
@@ -191,8 +191,7 @@ func forwardThroughServerOutage(t *testing.T, plan outagePlan, pub message.Publi
 		DB:          reads,
 		Dialect:     d,
 		Destination: counted,
-		MinBackoff:  100 * time.Millisecond,
-		MaxBackoff:  time.Second,
+		Retry:       forwarder.ExponentialRetry{Min: 100 * time.Millisecond, Max: time.Second},
 		// A row may fail twice before it is dead-lettered (and lost to
 		// the stream): a forwarder that counted failed probes as attempts
 		// would lose the probed rows within a few seconds of outage.

@@ -24,7 +24,7 @@ func TestEmitDelayed(t *testing.T) {
 	rec := conformance.NewRecorder()
 	cfg := e.cfg
 	cfg.Destination = rec
-	cfg.PollInterval = 100 * time.Millisecond
+	conformance.SetPollInterval(&cfg, 100*time.Millisecond)
 	e.start(t, cfg)
 
 	keyed := func(name string) *message.Message {

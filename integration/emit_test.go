@@ -19,6 +19,7 @@ import (
 
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/forwarder/cdc"
+	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -198,8 +199,8 @@ func TestEmitPoisonKey(t *testing.T) {
 	cfg := e.cfg
 	cfg.Destination = pub
 	cfg.MaxAttempts = 3
-	cfg.MinBackoff, cfg.MaxBackoff = 100*time.Millisecond, 200*time.Millisecond
-	cfg.PollInterval = time.Hour
+	cfg.Retry = forwarder.ExponentialRetry{Min: 100 * time.Millisecond, Max: 200 * time.Millisecond}
+	conformance.SetPollInterval(&cfg, time.Hour)
 	cfg.Hooks.OnFailure = func(f forwarder.FailedAttempt) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -331,7 +332,7 @@ func TestEmitMixedKeyOrder(t *testing.T) {
 	pub.failing.Store(true)
 	cfg := e.cfg
 	cfg.Destination = pub
-	cfg.MinBackoff, cfg.MaxBackoff = 20*time.Millisecond, 50*time.Millisecond
+	cfg.Retry = forwarder.ExponentialRetry{Min: 20 * time.Millisecond, Max: 50 * time.Millisecond}
 	e.start(t, cfg)
 
 	const keys, rounds = 8, 60

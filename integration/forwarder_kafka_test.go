@@ -144,8 +144,7 @@ func TestForwarderKafkaOutage(t *testing.T) {
 		DB:          db,
 		Dialect:     d,
 		Destination: k.KeyedPublisher(t),
-		MinBackoff:  200 * time.Millisecond,
-		MaxBackoff:  2 * time.Second,
+		Retry:       forwarder.ExponentialRetry{Min: 200 * time.Millisecond, Max: 2 * time.Second},
 		MaxAttempts: -1,
 		Logger:      testenv.Logger(t),
 	})
@@ -201,8 +200,7 @@ func TestForwarderKafkaPoisonMessage(t *testing.T) {
 		DB:          db,
 		Dialect:     d,
 		Destination: batchPublisher(t, k),
-		MinBackoff:  50 * time.Millisecond,
-		MaxBackoff:  200 * time.Millisecond,
+		Retry:       forwarder.ExponentialRetry{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 		MaxAttempts: 3,
 		Logger:      testenv.Logger(t),
 	})
@@ -379,7 +377,7 @@ func forwarderCrashChild(name string) error {
 	}
 	defer pub.Close()
 	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Destination: pub, PollInterval: 50 * time.Millisecond, Logger: logger, Source: forwarder.Polling{LeaseTTL: time.Second}})
+	f, err := forwarder.New(forwarder.Config{DB: db, Dialect: d, Destination: pub, DelayedPollInterval: 50 * time.Millisecond, Logger: logger, Source: forwarder.Polling{PollInterval: 50 * time.Millisecond, LeaseTTL: time.Second}})
 	if err != nil {
 		return err
 	}

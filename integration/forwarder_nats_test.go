@@ -171,8 +171,7 @@ func TestForwarderNATSRefusedMessages(t *testing.T) {
 		DB:          db,
 		Dialect:     d,
 		Destination: testenv.NATSPublisher(t, url),
-		MinBackoff:  50 * time.Millisecond,
-		MaxBackoff:  200 * time.Millisecond,
+		Retry:       forwarder.ExponentialRetry{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 		MaxAttempts: 3,
 	})
 	ctx := context.Background()

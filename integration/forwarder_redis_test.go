@@ -161,8 +161,7 @@ func TestForwarderRedisRefusedMessages(t *testing.T) {
 				DB:          db,
 				Dialect:     d,
 				Destination: pub.new(t, addr),
-				MinBackoff:  50 * time.Millisecond,
-				MaxBackoff:  200 * time.Millisecond,
+				Retry:       forwarder.ExponentialRetry{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 				MaxAttempts: 3,
 			})
 			ctx := context.Background()

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/mysql"
@@ -110,14 +111,13 @@ func (f *holdFixture) start() (stop func()) {
 	}
 	fw, err := forwarder.New(forwarder.Config{
 		DB: f.o.db, Dialect: f.o.d, Destination: f.dest,
-		Source:             src,
-		MaxAttempts:        3,
-		MinBackoff:         10 * time.Millisecond,
-		MaxBackoff:         50 * time.Millisecond,
-		PollInterval:       20 * time.Millisecond,
-		DeadLetterHoldsKey: f.hold,
-		Logger:             testenv.Logger(f.t),
-		Hooks:              forwarder.Hooks{OnRead: func(int) { f.reads.Add(1) }},
+		Source:              conformance.PollEvery(src, 20*time.Millisecond),
+		MaxAttempts:         3,
+		Retry:               forwarder.ExponentialRetry{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond},
+		DelayedPollInterval: 20 * time.Millisecond,
+		DeadLetterHoldsKey:  f.hold,
+		Logger:              testenv.Logger(f.t),
+		Hooks:               forwarder.Hooks{OnRead: func(int) { f.reads.Add(1) }},
 	})
 	if err != nil {
 		f.t.Fatal(err)

@@ -115,8 +115,7 @@ func runInboxEndToEnd(t *testing.T, b inboxBroker) {
 			DB:          f.DB,
 			Dialect:     f.Dialect,
 			Destination: dest,
-			MinBackoff:  10 * time.Millisecond,
-			MaxBackoff:  100 * time.Millisecond,
+			Retry:       forwarder.ExponentialRetry{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 			Logger:      testenv.Logger(t),
 		})
 		if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/forwarder/cdc"
 	"github.com/millbox/millbox/forwarder/kafkabatch"
+	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
@@ -95,21 +96,22 @@ func eosChild() error {
 	}
 	defer pub.Close()
 	var src forwarder.Source = forwarder.Polling{Partitions: envInt("MILLBOX_EOS_PARTITIONS", 8), LeaseTTL: time.Second}
+	var onActive func(bool)
 	if slot := os.Getenv("MILLBOX_EOS_SLOT"); slot != "" {
-		src = cdc.Source{ConnString: testenv.PostgresURL(), Slot: slot, Publication: slot, StandbyRetry: 100 * time.Millisecond,
-			OnActive: func(active bool) {
-				if active {
-					fmt.Println(eosLineActive)
-				}
-			}}
+		src = cdc.Source{ConnString: testenv.PostgresURL(), Slot: slot, Publication: slot, StandbyRetry: 100 * time.Millisecond}
+		onActive = func(active bool) {
+			if active {
+				fmt.Println(eosLineActive)
+			}
+		}
 	}
 	logger := watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	f, err := forwarder.New(forwarder.Config{
-		DB: db, Dialect: d, Destination: pub, ExactlyOnce: true, Source: src,
-		PollInterval: 50 * time.Millisecond, PublishTimeout: 3 * time.Minute,
-		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		DB: db, Dialect: d, Destination: pub, ExactlyOnce: true, Source: conformance.PollEvery(src, 50*time.Millisecond),
+		DelayedPollInterval: 50 * time.Millisecond, PublishTimeout: 3 * time.Minute,
+		Retry:  forwarder.ExponentialRetry{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 		Logger: logger,
-		Hooks: forwarder.Hooks{OnBatch: func(st forwarder.BatchStats) {
+		Hooks: forwarder.Hooks{OnActive: onActive, OnBatch: func(st forwarder.BatchStats) {
 			if st.Forwarded == 0 {
 				return
 			}

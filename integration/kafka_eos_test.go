@@ -124,7 +124,7 @@ func (e *eosEnv) start(t *testing.T, edit func(*forwarder.Config)) *forwarder.Fo
 	t.Helper()
 	cfg := forwarder.Config{
 		DB: e.db, Dialect: e.d, Destination: txPublisher(t, e.k, e.id), ExactlyOnce: true, Source: e.source(),
-		MinBackoff: 50 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		Retry: forwarder.ExponentialRetry{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 	}
 	if edit != nil {
 		edit(&cfg)

@@ -758,15 +758,14 @@ func forwarderMetricsSuite(t *testing.T, env conformance.Env, source func(testin
 		})
 		const maxAttempts = 3
 		conformance.StartForwarder(t, forwarder.Config{
-			DB:           env.DB,
-			Dialect:      d,
-			Destination:  dest,
-			MaxAttempts:  maxAttempts,
-			MinBackoff:   time.Millisecond,
-			MaxBackoff:   5 * time.Millisecond,
-			PollInterval: 20 * time.Millisecond,
-			Telemetry:    forwarder.Telemetry{MeterProvider: mp},
-			Source:       source(t, d),
+			DB:                  env.DB,
+			Dialect:             d,
+			Destination:         dest,
+			MaxAttempts:         maxAttempts,
+			Retry:               forwarder.ExponentialRetry{Min: time.Millisecond, Max: 5 * time.Millisecond},
+			DelayedPollInterval: 20 * time.Millisecond,
+			Telemetry:           forwarder.Telemetry{MeterProvider: mp},
+			Source:              conformance.PollEvery(source(t, d), 20*time.Millisecond),
 		})
 
 		// Two refused messages of two keys (too few to look like an
@@ -897,14 +896,13 @@ func TestReadinessPostgres(t *testing.T) {
 	d := env.NewDialect(t)
 	dest := conformance.NewRecorder()
 	cfg := forwarder.Config{
-		DB:           env.DB,
-		Dialect:      d,
-		Destination:  dest,
-		MaxAttempts:  -1,
-		MinBackoff:   5 * time.Millisecond,
-		MaxBackoff:   20 * time.Millisecond,
-		PollInterval: 20 * time.Millisecond,
-		Source:       forwarder.Polling{Partitions: 4},
+		DB:                  env.DB,
+		Dialect:             d,
+		Destination:         dest,
+		MaxAttempts:         -1,
+		Retry:               forwarder.ExponentialRetry{Min: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+		DelayedPollInterval: 20 * time.Millisecond,
+		Source:              forwarder.Polling{PollInterval: 20 * time.Millisecond, Partitions: 4},
 	}
 	const maxAge = 300 * time.Millisecond
 	src := &currentForwarder{}

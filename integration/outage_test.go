@@ -319,8 +319,7 @@ func forwardThroughOutage(t *testing.T, plan outagePlan, pub message.Publisher, 
 		DB:          reads,
 		Dialect:     d,
 		Destination: calls,
-		MinBackoff:  100 * time.Millisecond,
-		MaxBackoff:  time.Second,
+		Retry:       forwarder.ExponentialRetry{Min: 100 * time.Millisecond, Max: time.Second},
 		MaxAttempts: -1,
 	}
 	if source != nil {

@@ -58,7 +58,7 @@ func TestPgBouncer(t *testing.T) {
 	t.Run("NotifyPooledListener", func(t *testing.T) {
 		o := newPgbOutbox(t, direct, bouncer, true)
 		poll := time.Second
-		run := o.forward(t, pgxv5.WrapPool(bouncer), forwarder.Config{PollInterval: poll})
+		run := o.forward(t, pgxv5.WrapPool(bouncer), forwarder.Config{Source: forwarder.Polling{PollInterval: poll}, DelayedPollInterval: poll})
 		run.waitLost(t)
 		o.produce(t, 200, 8, 5*time.Millisecond)
 		o.wait(t, 200)
@@ -156,7 +156,7 @@ func TestPgBouncerLostNotificationsFallBack(t *testing.T) {
 	db := &deafDB{DB: pgxv5.WrapPool(bouncer, pgxv5.ListenOn(testenv.PostgresURL()))}
 	db.deaf.Store(true)
 	const bound = time.Second
-	run := o.forward(t, db, forwarder.Config{PollInterval: time.Minute, Source: forwarder.Polling{NotifyProbeInterval: 100 * time.Millisecond}})
+	run := o.forward(t, db, forwarder.Config{DelayedPollInterval: time.Minute, Source: forwarder.Polling{PollInterval: time.Minute, NotifyProbeInterval: 100 * time.Millisecond}})
 	run.waitLost(t)
 	o.produce(t, 60, 5, 50*time.Millisecond) // spans more than one attempt to listen
 	o.wait(t, 60)

@@ -410,12 +410,12 @@ func TestPostgresPartitionDefaultCatchesStrays(t *testing.T) {
 
 	rec := conformance.NewRecorder()
 	conformance.StartForwarder(t, forwarder.Config{
-		DB:           p.db,
-		Dialect:      p.d,
-		Destination:  rec,
-		PollInterval: 50 * time.Millisecond,
-		Logger:       testenv.Logger(t),
-		Source:       forwarder.Polling{LeaseTTL: 2 * time.Second, Partitions: 4},
+		DB:                  p.db,
+		Dialect:             p.d,
+		Destination:         rec,
+		DelayedPollInterval: 50 * time.Millisecond,
+		Logger:              testenv.Logger(t),
+		Source:              forwarder.Polling{PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second, Partitions: 4},
 	})
 	rec.WaitFor(t, 1, 20*time.Second)
 	conformance.WaitFor(t, "the stray row to be deleted", func() bool {

@@ -3,6 +3,8 @@ package sqladapters
 import (
 	"errors"
 	"fmt"
+
+	"github.com/millbox/millbox/sqladapters/startstop"
 )
 
 var (
@@ -33,11 +35,12 @@ var (
 	// ErrInvalidConfig is returned by every millbox constructor for a bad
 	// config; the error names the field and the rule. The packages
 	// forwarder, inbox and middleware re-export it.
-	ErrInvalidConfig = errors.New("millbox: invalid config")
+	ErrInvalidConfig = startstop.ErrInvalidConfig
 
-	// ErrClosed is returned by a closed publisher, forwarder or cleaner.
-	// The packages forwarder, forwarder/cdc and inbox re-export it.
-	ErrClosed = errors.New("millbox: closed")
+	// ErrClosed is returned by a closed publisher, forwarder or cleaner:
+	// it is startstop.ErrClosed, which the packages forwarder,
+	// forwarder/destination and inbox re-export.
+	ErrClosed = startstop.ErrClosed
 )
 
 // MissingTableError reports a millbox table that does not exist and says

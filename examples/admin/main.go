@@ -308,11 +308,11 @@ func mustForwarder(db *database, dest message.Publisher, logger watermill.Logger
 		Dialect:     db.dialect,
 		Destination: dest,
 		// Give up quickly, so the example reaches its dead letter soon.
-		MaxAttempts:  3,
-		MinBackoff:   20 * time.Millisecond,
-		MaxBackoff:   100 * time.Millisecond,
-		PollInterval: 100 * time.Millisecond,
-		Logger:       logger,
+		MaxAttempts:         3,
+		Retry:               forwarder.ExponentialRetry{Min: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+		DelayedPollInterval: 100 * time.Millisecond,
+		Source:              forwarder.Polling{PollInterval: 100 * time.Millisecond},
+		Logger:              logger,
 	})
 	if err != nil {
 		panic(err) // the config above is valid

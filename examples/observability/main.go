@@ -182,8 +182,7 @@ func run(ctx context.Context, o options) error {
 		Dialect:     db.dialect,
 		Destination: dest,
 		MaxAttempts: 3,
-		MinBackoff:  20 * time.Millisecond,
-		MaxBackoff:  100 * time.Millisecond,
+		Retry:       forwarder.ExponentialRetry{Min: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 		Logger:      logger,
 		// Metrics and send spans go to the global providers that
 		// setupTelemetry installed.

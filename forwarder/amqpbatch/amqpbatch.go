@@ -14,8 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/millbox/millbox/forwarder"
-	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/forwarder/destination"
 )
 
 // DefaultChannels is the size of the channel pool.
@@ -42,7 +41,7 @@ type Config struct {
 	Channels int
 	// ConfirmTimeout bounds the wait for a call's confirmations; the
 	// messages not confirmed by then fail with an error that wraps
-	// forwarder.ErrDestinationUnavailable. Defaults to
+	// destination.ErrDestinationUnavailable. Defaults to
 	// DefaultConfirmTimeout.
 	ConfirmTimeout time.Duration
 	// ConfirmEach publishes each message of a call only after the broker
@@ -100,10 +99,10 @@ func (c *channel) closeReason() error {
 // NewPublisher validates cfg and connects.
 func NewPublisher(cfg Config) (*Publisher, error) {
 	if cfg.URL == "" {
-		return nil, fmt.Errorf("%w: amqpbatch.Config.URL is required", sqladapters.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: amqpbatch.Config.URL is required", destination.ErrInvalidConfig)
 	}
 	if cfg.Channels < 0 {
-		return nil, fmt.Errorf("%w: amqpbatch.Config.Channels must not be negative", sqladapters.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: amqpbatch.Config.Channels must not be negative", destination.ErrInvalidConfig)
 	}
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = wamqp.DefaultMarshaler{}
@@ -139,7 +138,7 @@ func (p *Publisher) connection() (*amqp.Connection, error) {
 	p.idle = nil // channels of a closed connection are closed too
 	conn, err := amqp.Dial(p.cfg.URL)
 	if err != nil {
-		return nil, fmt.Errorf("millbox: amqpbatch: %w", forwarder.DestinationUnavailable(fmt.Errorf("broker unreachable: %w", err)))
+		return nil, fmt.Errorf("millbox: amqpbatch: %w", destination.DestinationUnavailable(fmt.Errorf("broker unreachable: %w", err)))
 	}
 	p.conn = conn
 	return conn, nil
@@ -150,7 +149,7 @@ func (p *Publisher) channel() (*channel, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, fmt.Errorf("millbox: amqpbatch: %w", forwarder.ErrClosed)
+		return nil, fmt.Errorf("millbox: amqpbatch: %w", destination.ErrClosed)
 	}
 	for len(p.idle) > 0 {
 		c := p.idle[len(p.idle)-1]
@@ -171,7 +170,7 @@ func (p *Publisher) channel() (*channel, error) {
 	}
 	if err != nil {
 		if conn.IsClosed() {
-			return nil, fmt.Errorf("millbox: amqpbatch: %w", forwarder.DestinationUnavailable(fmt.Errorf("connection to the broker lost while opening a channel: %w", err)))
+			return nil, fmt.Errorf("millbox: amqpbatch: %w", destination.DestinationUnavailable(fmt.Errorf("connection to the broker lost while opening a channel: %w", err)))
 		}
 		return nil, fmt.Errorf("millbox: amqpbatch: open a confirm-mode channel: %w", err)
 	}
@@ -192,10 +191,10 @@ func (p *Publisher) release(c *channel, healthy bool) {
 // the broker's confirmations.
 //
 // It returns nil when the broker confirmed every message. Otherwise it
-// returns a *forwarder.PartialError when a prefix of msgs was confirmed
+// returns a *destination.PartialError when a prefix of msgs was confirmed
 // (acked), or a plain error when none was. Failures of the broker rather
 // than of a message (unreachable, connection lost, no confirmation within
-// ConfirmTimeout) wrap forwarder.ErrDestinationUnavailable; a rejection
+// ConfirmTimeout) wrap destination.ErrDestinationUnavailable; a rejection
 // (nack) does not. The package doc says when a message after a rejected
 // one can have been accepted, and how the error says so.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
@@ -220,7 +219,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if res.delivered == 0 {
 		return err
 	}
-	return &forwarder.PartialError{Delivered: res.delivered, Err: err}
+	return &destination.PartialError{Delivered: res.delivered, Err: err}
 }
 
 // outcome is what became of a call's messages.
@@ -273,7 +272,7 @@ func (p *Publisher) wait(ctx context.Context, c *channel, confirms []*amqp.Defer
 			out.healthy = false
 			if first < 0 {
 				first = i
-				out.err = forwarder.DestinationUnavailable(fmt.Errorf("no confirmation within %v: broker not answering (%w)", p.cfg.ConfirmTimeout, err))
+				out.err = destination.DestinationUnavailable(fmt.Errorf("no confirmation within %v: broker not answering (%w)", p.cfg.ConfirmTimeout, err))
 			}
 			break
 		}
@@ -308,7 +307,7 @@ func (p *Publisher) lost(c *channel, err error, when string) error {
 		err = reason
 	}
 	if c.conn.IsClosed() || connectionFailure(err) {
-		return forwarder.DestinationUnavailable(fmt.Errorf("connection to the broker lost before %s: %w", when, err))
+		return destination.DestinationUnavailable(fmt.Errorf("connection to the broker lost before %s: %w", when, err))
 	}
 	return fmt.Errorf("channel failed before %s: %w", when, err)
 }

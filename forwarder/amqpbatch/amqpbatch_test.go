@@ -5,14 +5,14 @@ import (
 	"testing"
 
 	"github.com/millbox/millbox/forwarder/amqpbatch"
-	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/forwarder/destination"
 )
 
 func TestConfigIsValidated(t *testing.T) {
-	if _, err := amqpbatch.NewPublisher(amqpbatch.Config{}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+	if _, err := amqpbatch.NewPublisher(amqpbatch.Config{}); !errors.Is(err, destination.ErrInvalidConfig) {
 		t.Fatalf("no URL: %v", err)
 	}
-	if _, err := amqpbatch.NewPublisher(amqpbatch.Config{URL: "amqp://x", Channels: -1}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+	if _, err := amqpbatch.NewPublisher(amqpbatch.Config{URL: "amqp://x", Channels: -1}); !errors.Is(err, destination.ErrInvalidConfig) {
 		t.Fatalf("negative channels: %v", err)
 	}
 }

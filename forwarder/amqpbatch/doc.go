@@ -23,7 +23,7 @@
 // messages become ready for confirmation at different times, so the
 // confirmations of one call can arrive in any order. Publish therefore
 // waits for all of them and reports the longest prefix of the call that was
-// confirmed with an ack (forwarder.PartialError), which the forwarder
+// confirmed with an ack (destination.PartialError), which the forwarder
 // counts as delivered.
 //
 // A message is not confirmed when the connection or the channel closes
@@ -54,7 +54,7 @@
 //
 // Failures of the broker rather than of a message (unreachable, connection
 // lost, no confirmation within Config.ConfirmTimeout) wrap
-// forwarder.ErrDestinationUnavailable; a nack or a channel closed by the
+// destination.ErrDestinationUnavailable; a nack or a channel closed by the
 // broker (an unknown exchange, a refused permission) does not.
 //
 // This package is optional: it is the only part of millbox's library code

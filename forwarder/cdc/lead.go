@@ -12,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pglogrepl"
 
-	"github.com/millbox/millbox/forwarder/internal/failure"
+	"github.com/millbox/millbox/forwarder/internal/retry"
 	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -72,17 +72,19 @@ func (s *streamer) Start(ctx context.Context, e source.Engine) (wait func()) {
 // run leads when no other instance does, and stands by otherwise, until
 // ctx ends.
 func (s *streamer) run(ctx context.Context) {
-	var delay time.Duration
+	backoff := retry.Backoff{Policy: retry.Operations}
 	for {
+		var delay time.Duration
 		err := s.lead(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
 			s.env.ReportError(err)
-			delay = failure.RetryDelay(delay)
+			delay = backoff.Next(err)
 			s.env.Logger.Error("millbox cdc: reader stopped; trying again", err, watermill.LogFields{"retry_in": delay.String()})
 		} else {
+			backoff.Reset()
 			delay = s.cfg.StandbyRetry
 		}
 		t := time.NewTimer(delay)
@@ -196,8 +198,8 @@ func (s *streamer) setActive(v bool) {
 	if !v {
 		s.oldest.Store(0)
 	}
-	if s.cfg.OnActive != nil {
-		s.cfg.OnActive(v)
+	if s.env.Active != nil {
+		s.env.Active(v)
 	}
 }
 

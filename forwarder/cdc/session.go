@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/millbox/millbox/forwarder/internal/failure"
+	"github.com/millbox/millbox/forwarder/internal/retry"
 	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -116,7 +116,7 @@ type session struct {
 	pollTimer   *time.Timer
 	pollAt      time.Time // when the timer makes a read due (zero: none set)
 	pollGen     int
-	pollDelay   time.Duration
+	pollRetry   retry.Backoff // paces reads of the handed keys after a failed one
 	ended       bool
 
 	abortErr atomic.Pointer[error] // set when the server is shutting down
@@ -125,7 +125,8 @@ type session struct {
 
 func newSession(s *streamer, ctx context.Context, cancel context.CancelFunc, start sqladapters.StreamMark, confirmed pglogrepl.LSN, keys []sqladapters.StreamKey) *session {
 	x := &session{
-		s: s, ctx: ctx, cancel: cancel, start: start,
+		pollRetry: retry.Backoff{Policy: retry.Operations},
+		s:         s, ctx: ctx, cancel: cancel, start: start,
 		confirmed: confirmed, processed: confirmed,
 		handed: map[string]*handedKey{}, inflight: map[int64]struct{}{}, storing: map[string]int{},
 	}
@@ -502,15 +503,14 @@ func (x *session) handlePoll(r pollResult) {
 		if x.ctx.Err() == nil {
 			x.dbError(fmt.Errorf("millbox cdc: read handed keys: %w", r.err))
 		}
-		x.pollDelay = failure.RetryDelay(x.pollDelay)
-		x.pollSoon(x.pollDelay)
+		x.pollSoon(x.pollRetry.Next(r.err))
 		return
 	}
 	x.s.env.Read(len(r.rows))
-	x.pollDelay = 0
+	x.pollRetry.Reset()
 	present := map[string]bool{}
 	blocked := map[string]bool{}
-	next := x.s.env.PollInterval
+	next := x.s.cfg.PollInterval
 	var add []*source.Row
 	for _, h := range x.handed {
 		// Written rows the read saw are in its result, in id order.

@@ -20,6 +20,7 @@ const (
 	DefaultPublication    = "millbox_cdc"
 	DefaultStandbyRetry   = time.Second
 	DefaultStatusInterval = time.Second
+	DefaultPollInterval   = time.Second
 )
 
 var (
@@ -69,9 +70,11 @@ type Source struct {
 	// StatusInterval is how often the confirmed position is reported to
 	// the server. Defaults to DefaultStatusInterval.
 	StatusInterval time.Duration
-	// OnActive, when set, is called with true when this instance becomes
-	// the active reader and with false when it stops being it.
-	OnActive func(active bool)
+	// PollInterval is how often the rows of keys handed to the table
+	// (keys with a failed attempt or a dead letter that holds them) are
+	// read while such keys exist; the stream brings every other row.
+	// Defaults to DefaultPollInterval.
+	PollInterval time.Duration
 	// TableOnly tells that every publisher of the outbox writes into its
 	// table (none has forwarder.PublisherConfig.WithoutTable). A read of
 	// the keys handed to polling then takes its rows at once; otherwise it
@@ -89,6 +92,7 @@ func (s *Source) setDefaults() {
 	s.Publication = cmp.Or(s.Publication, DefaultPublication)
 	s.StandbyRetry = cmp.Or(s.StandbyRetry, DefaultStandbyRetry)
 	s.StatusInterval = cmp.Or(s.StatusInterval, DefaultStatusInterval)
+	s.PollInterval = cmp.Or(s.PollInterval, DefaultPollInterval)
 }
 
 // Validate names the first invalid field and the rule it breaks. Zero
@@ -120,6 +124,8 @@ func (s Source) validateNames() error {
 		return bad("cdc.Source.Slot %q may contain only lower case letters, digits and underscores (PostgreSQL's rule for slot names)", s.Slot)
 	case s.StandbyRetry < 10*time.Millisecond:
 		return bad("cdc.Source.StandbyRetry must be at least 10ms, got %v", s.StandbyRetry)
+	case s.PollInterval < time.Millisecond:
+		return bad("cdc.Source.PollInterval must be at least 1ms, got %v", s.PollInterval)
 	case s.StatusInterval < 10*time.Millisecond || s.StatusInterval > 30*time.Second:
 		return bad("cdc.Source.StatusInterval must be between 10ms and 30s (below the server's wal_sender_timeout), got %v", s.StatusInterval)
 	}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/millbox/millbox/forwarder/internal/failure"
+	"github.com/millbox/millbox/forwarder/internal/retry"
 	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -92,7 +92,7 @@ func (w *writer) stop() {
 }
 
 func (w *writer) write(ctx context.Context, j storeJob) (uint32, error) {
-	var delay time.Duration
+	backoff := retry.Backoff{Policy: retry.Operations}
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		xid, err := w.s.lg.WriteMessages(wctx, w.s.env.DB, j.ms)
@@ -101,7 +101,7 @@ func (w *writer) write(ctx context.Context, j storeJob) (uint32, error) {
 			return xid, err
 		}
 		w.s.env.ReportError(err)
-		delay = failure.RetryDelay(delay)
+		delay := backoff.Next(err)
 		w.s.env.Logger.Error("millbox cdc: cannot write messages of publishers without a table into the outbox; retrying", err,
 			watermill.LogFields{"messages": len(j.ms), "retry_in": delay.String()})
 		select {

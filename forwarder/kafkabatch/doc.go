@@ -16,7 +16,7 @@
 //
 // A batch publisher must never let Kafka write a later message of a key
 // after an earlier one failed, and must tell the forwarder exactly which
-// messages were written (forwarder.PartialError). The publisher is built
+// messages were written (destination.PartialError). The publisher is built
 // on franz-go's kgo client with idempotent writes, because kgo gives that
 // per partition and sarama does not:
 //
@@ -59,7 +59,7 @@
 //
 // Failures of the broker rather than of a message (unreachable, connection
 // lost, no acknowledgement within Config.DeliveryTimeout, Kafka's retriable
-// errors) wrap forwarder.ErrDestinationUnavailable and say which of these
+// errors) wrap destination.ErrDestinationUnavailable and say which of these
 // happened.
 //
 // # Exactly once
@@ -98,7 +98,7 @@
 // Outcomes: messages that cannot be produced (marshaling, a record larger
 // than a batch may be) fail their batch before the transaction begins;
 // records the broker refuses abort the transaction, and the batches of the
-// refused records are reported (forwarder.TxAbortedError), the forwarder
+// refused records are reported (destination.TxAbortedError), the forwarder
 // then sending the failing key alone until it knows the failing message. A
 // commit that returns an error, a produce refused because another holder
 // fenced this one, and a transaction that does not finish within

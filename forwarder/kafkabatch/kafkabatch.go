@@ -17,8 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/millbox/millbox/forwarder"
-	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/forwarder/destination"
 )
 
 // DefaultDeliveryTimeout bounds one Publish call.
@@ -41,7 +40,7 @@ type Config struct {
 	Marshaler kafka.Marshaler
 	// DeliveryTimeout bounds one Publish call: the messages Kafka has not
 	// acknowledged by then fail, with an error that wraps
-	// forwarder.ErrDestinationUnavailable. Defaults to
+	// destination.ErrDestinationUnavailable. Defaults to
 	// DefaultDeliveryTimeout.
 	DeliveryTimeout time.Duration
 	// Options are further franz-go client options (TLS, SASL, client
@@ -81,14 +80,14 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 
 func newPublisher(cfg Config, partitioner kgo.Partitioner) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: kafkabatch.Config.Brokers is required", sqladapters.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: kafkabatch.Config.Brokers is required", destination.ErrInvalidConfig)
 	}
 	if cfg.DeliveryTimeout < 0 {
-		return nil, fmt.Errorf("%w: kafkabatch.Config.DeliveryTimeout must not be negative", sqladapters.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: kafkabatch.Config.DeliveryTimeout must not be negative", destination.ErrInvalidConfig)
 	}
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get(forwarder.DefaultKeyMetadataField), nil
+			return destination.Key(m), nil
 		})
 	}
 	if cfg.DeliveryTimeout == 0 {
@@ -97,11 +96,11 @@ func newPublisher(cfg Config, partitioner kgo.Partitioner) (*Publisher, error) {
 	conns := &connState{}
 	client, err := kgo.NewClient(producerOptions(cfg, conns, partitioner, true)...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: kafkabatch: %w", sqladapters.ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: kafkabatch: %w", destination.ErrInvalidConfig, err)
 	}
 	if off, _ := client.OptValue(kgo.DisableIdempotentWrite).(bool); off {
 		client.Close()
-		return nil, fmt.Errorf("%w: kafkabatch.Config.Options must not disable idempotent writes: without them a retried batch can land after a later one", sqladapters.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: kafkabatch.Config.Options must not disable idempotent writes: without them a retried batch can land after a later one", destination.ErrInvalidConfig)
 	}
 	p := &Publisher{
 		client:    client,
@@ -141,17 +140,17 @@ func fnv32a(b []byte) uint32 {
 // Publish produces msgs to topic and waits for Kafka's acknowledgements.
 //
 // It returns nil when every message was acknowledged. Otherwise it returns
-// a *forwarder.PartialError when a prefix of msgs was acknowledged, or a
+// a *destination.PartialError when a prefix of msgs was acknowledged, or a
 // plain error when none was; either way no message after the first failed
 // one was written (see the package doc). Failures of the broker rather
 // than of a message (unreachable, connection lost, no answer within
-// DeliveryTimeout) wrap forwarder.ErrDestinationUnavailable.
+// DeliveryTimeout) wrap destination.ErrDestinationUnavailable.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	if p.ctx.Err() != nil {
-		return fmt.Errorf("millbox: kafkabatch: %w", forwarder.ErrClosed)
+		return fmt.Errorf("millbox: kafkabatch: %w", destination.ErrClosed)
 	}
 	// Messages that cannot be produced at all end the call before them,
 	// so that Kafka never gets a later message of the key without them.
@@ -175,7 +174,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if delivered == 0 {
 		return err
 	}
-	return &forwarder.PartialError{Delivered: delivered, Err: err}
+	return &destination.PartialError{Delivered: delivered, Err: err}
 }
 
 // record marshals m and checks that the client will take it.
@@ -264,15 +263,15 @@ func (p *Publisher) produce(topic string, msgs []*message.Message, records []*kg
 func (p *Publisher) classify(ctx context.Context, err error) error {
 	switch {
 	case p.ctx.Err() != nil || errors.Is(err, kgo.ErrClientClosed):
-		return fmt.Errorf("%w: %w", forwarder.ErrClosed, err)
+		return fmt.Errorf("%w: %w", destination.ErrClosed, err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrRecordTimeout):
 		// A bare deadline: say what the connection went through.
-		return forwarder.DestinationUnavailable(fmt.Errorf("no acknowledgement within %v: %s (%w)", p.timeout, p.conns.describe(), err))
+		return destination.DestinationUnavailable(fmt.Errorf("no acknowledgement within %v: %s (%w)", p.timeout, p.conns.describe(), err))
 	case ctx.Err() != nil:
 		// kgo fails a record it kept retrying with the last error.
-		return forwarder.DestinationUnavailable(fmt.Errorf("no acknowledgement within %v: %s: %w", p.timeout, what(err), err))
+		return destination.DestinationUnavailable(fmt.Errorf("no acknowledgement within %v: %s: %w", p.timeout, what(err), err))
 	case brokerFailure(err):
-		return forwarder.DestinationUnavailable(fmt.Errorf("%s: %w", what(err), err))
+		return destination.DestinationUnavailable(fmt.Errorf("%s: %w", what(err), err))
 	}
 	return err
 }

@@ -8,19 +8,19 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/millbox/millbox/forwarder/destination"
 	"github.com/millbox/millbox/forwarder/kafkabatch"
-	"github.com/millbox/millbox/sqladapters"
 )
 
 func TestConfigIsValidated(t *testing.T) {
-	if _, err := kafkabatch.NewPublisher(kafkabatch.Config{}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+	if _, err := kafkabatch.NewPublisher(kafkabatch.Config{}); !errors.Is(err, destination.ErrInvalidConfig) {
 		t.Fatalf("no brokers: %v", err)
 	}
-	if _, err := kafkabatch.NewPublisher(kafkabatch.Config{Brokers: []string{"127.0.0.1:1"}, DeliveryTimeout: -1}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+	if _, err := kafkabatch.NewPublisher(kafkabatch.Config{Brokers: []string{"127.0.0.1:1"}, DeliveryTimeout: -1}); !errors.Is(err, destination.ErrInvalidConfig) {
 		t.Fatalf("negative DeliveryTimeout: %v", err)
 	}
 	notIdempotent := []kgo.Opt{kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())}
-	if _, err := kafkabatch.NewPublisher(kafkabatch.Config{Brokers: []string{"127.0.0.1:1"}, Options: notIdempotent}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+	if _, err := kafkabatch.NewPublisher(kafkabatch.Config{Brokers: []string{"127.0.0.1:1"}, Options: notIdempotent}); !errors.Is(err, destination.ErrInvalidConfig) {
 		t.Fatalf("idempotent writes off: %v", err)
 	}
 }
@@ -34,7 +34,7 @@ func TestTxConfigIsValidated(t *testing.T) {
 		"TransactionTimeout too short": {Config: kafkabatch.Config{Brokers: brokers.Brokers, DeliveryTimeout: time.Minute}, TransactionalID: "a"},
 		"no brokers":                   {TransactionalID: "a"},
 	} {
-		if p, err := kafkabatch.NewTxPublisher(cfg); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+		if p, err := kafkabatch.NewTxPublisher(cfg); !errors.Is(err, destination.ErrInvalidConfig) {
 			if p != nil {
 				_ = p.Close()
 			}

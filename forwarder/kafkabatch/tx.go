@@ -17,8 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/millbox/millbox/forwarder"
-	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/forwarder/destination"
 )
 
 // Defaults of TxConfig.
@@ -64,7 +63,7 @@ type TxConfig struct {
 
 // TxPublisher publishes the forwarder's rows in Kafka transactions, for a
 // forwarder with Config.ExactlyOnce: it implements
-// forwarder.TxDestination. Each partition of the outbox gets a
+// destination.TxDestination. Each partition of the outbox gets a
 // transactional producer of its own, whose transactional.id derives from
 // TxConfig.TransactionalID and the partition, so a forwarder that takes a
 // partition over fences the previous holder: the broker aborts the
@@ -87,8 +86,8 @@ type TxPublisher struct {
 }
 
 var (
-	_ message.Publisher       = (*TxPublisher)(nil)
-	_ forwarder.TxDestination = (*TxPublisher)(nil)
+	_ message.Publisher         = (*TxPublisher)(nil)
+	_ destination.TxDestination = (*TxPublisher)(nil)
 )
 
 // ErrNotTransactional is returned by TxPublisher.Publish: a TxPublisher
@@ -99,7 +98,7 @@ var ErrNotTransactional = errors.New("millbox: kafkabatch: a TxPublisher publish
 // contact the brokers: the forwarder's PrepareTx does, at start.
 func NewTxPublisher(cfg TxConfig) (*TxPublisher, error) {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: kafkabatch.TxConfig."+format, append([]any{sqladapters.ErrInvalidConfig}, args...)...)
+		return fmt.Errorf("%w: kafkabatch.TxConfig."+format, append([]any{destination.ErrInvalidConfig}, args...)...)
 	}
 	if cfg.ControlTopic == "" {
 		cfg.ControlTopic = DefaultControlTopic
@@ -150,7 +149,7 @@ func (p controlPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
 // ErrNotTransactional.
 func (p *TxPublisher) Publish(string, ...*message.Message) error { return ErrNotTransactional }
 
-// PrepareTx implements forwarder.TxDestination: the control topic exists
+// PrepareTx implements destination.TxDestination: the control topic exists
 // (it is created, compacted, when missing) and is compacted, and the
 // brokers grant transactions to TransactionalID.
 func (p *TxPublisher) PrepareTx(ctx context.Context) error {
@@ -162,7 +161,7 @@ func (p *TxPublisher) PrepareTx(ctx context.Context) error {
 	id := p.cfg.TransactionalID + "-check"
 	cl, err := kgo.NewClient(append(p.prodOpts[:len(p.prodOpts):len(p.prodOpts)], kgo.TransactionalID(id))...)
 	if err != nil {
-		return fmt.Errorf("%w: kafkabatch: %w", sqladapters.ErrInvalidConfig, err)
+		return fmt.Errorf("%w: kafkabatch: %w", destination.ErrInvalidConfig, err)
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, p.base.timeout)
@@ -209,7 +208,7 @@ func (p *TxPublisher) ensureControlTopic(ctx context.Context) error {
 	if policy != "compact" {
 		return fmt.Errorf("%w: kafkabatch: the control topic %q has cleanup.policy=%q; it must be \"compact\" alone, "+
 			"or a progress record could be deleted and rows published again (kafka-configs --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact)",
-			sqladapters.ErrInvalidConfig, topic, policy, topic)
+			destination.ErrInvalidConfig, topic, policy, topic)
 	}
 	return nil
 }
@@ -252,7 +251,7 @@ func (p *TxPublisher) progressKey(partition int) []byte {
 	return []byte(p.cfg.TransactionalID + "/" + strconv.Itoa(partition))
 }
 
-// ClaimPartition implements forwarder.TxDestination. It initializes the
+// ClaimPartition implements destination.TxDestination. It initializes the
 // partition's transactional producer, which makes the brokers abort the
 // previous holder's open transaction and refuse its later ones, and then
 // reads the partition's progress record with read_committed, up to a mark
@@ -279,7 +278,7 @@ func (p *TxPublisher) ClaimPartition(ctx context.Context, partition int) ([]byte
 	defer p.mu.Unlock()
 	if p.closed {
 		cl.Close()
-		return nil, fmt.Errorf("millbox: kafkabatch: %w", forwarder.ErrClosed)
+		return nil, fmt.Errorf("millbox: kafkabatch: %w", destination.ErrClosed)
 	}
 	if old := p.producers[partition]; old != nil {
 		old.Close()
@@ -358,7 +357,7 @@ func (p *TxPublisher) drop(partition int, cl *kgo.Client) {
 	}
 }
 
-// ReleasePartition implements forwarder.TxDestination: it closes the
+// ReleasePartition implements destination.TxDestination: it closes the
 // partition's producer.
 func (p *TxPublisher) ReleasePartition(partition int) { p.drop(partition, nil) }
 
@@ -366,15 +365,15 @@ func (p *TxPublisher) ReleasePartition(partition int) { p.drop(partition, nil) }
 // failed abort, a release).
 var errNotClaimed = errors.New("millbox: kafkabatch: the partition is not claimed")
 
-// PublishTx implements forwarder.TxDestination: one transaction of the
+// PublishTx implements destination.TxDestination: one transaction of the
 // partition's producer with the batches' records and the progress record.
 // Messages that cannot be produced (marshaling, a record larger than a
 // batch may be) fail their batch before the transaction begins. When the
 // brokers refuse records, the transaction is aborted and the batches of
-// the refused records reported (forwarder.TxAbortedError). A commit that
+// the refused records reported (destination.TxAbortedError). A commit that
 // fails, and records refused because another holder fenced this one,
 // leave the outcome to the next ClaimPartition: the producer is closed.
-func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []forwarder.TxBatch, progress []byte) error {
+func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []destination.TxBatch, progress []byte) error {
 	cl := p.producer(partition)
 	if cl == nil {
 		return fmt.Errorf("%w (partition %d)", errNotClaimed, partition)
@@ -394,7 +393,7 @@ func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []fo
 		}
 	}
 	if len(failed) > 0 {
-		return &forwarder.TxAbortedError{Failed: failed}
+		return &destination.TxAbortedError{Failed: failed}
 	}
 	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, p.base.timeout)
@@ -418,7 +417,7 @@ func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []fo
 	case <-ctx.Done():
 		p.drop(partition, cl)
 		<-results
-		return forwarder.DestinationUnavailable(fmt.Errorf("kafkabatch: partition %d: no acknowledgement within %v: %s (%w)",
+		return destination.DestinationUnavailable(fmt.Errorf("kafkabatch: partition %d: no acknowledgement within %v: %s (%w)",
 			partition, p.base.timeout, p.base.conns.describe(), ctx.Err()))
 	}
 	var first error
@@ -429,7 +428,7 @@ func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []fo
 		err := p.base.classify(ctx, res.Err)
 		if fencedErr(res.Err) {
 			p.drop(partition, cl)
-			return fmt.Errorf("kafkabatch: partition %d: %w: %w", partition, forwarder.ErrFenced, res.Err)
+			return fmt.Errorf("kafkabatch: partition %d: %w: %w", partition, destination.ErrFenced, res.Err)
 		}
 		if i, ok := owner[res.Record]; ok {
 			if _, seen := failed[i]; !seen {
@@ -447,7 +446,7 @@ func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []fo
 			// from the progress it reads.
 			p.drop(partition, cl)
 			if fencedErr(err) {
-				err = fmt.Errorf("%w: %w", forwarder.ErrFenced, err)
+				err = fmt.Errorf("%w: %w", destination.ErrFenced, err)
 			}
 			return fmt.Errorf("kafkabatch: commit a transaction of partition %d (outcome unknown): %w", partition, p.base.classify(cctx, err))
 		}
@@ -465,7 +464,7 @@ func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []fo
 	if aerr != nil {
 		p.drop(partition, cl)
 	}
-	return &forwarder.TxAbortedError{Failed: failed, Err: first}
+	return &destination.TxAbortedError{Failed: failed, Err: first}
 }
 
 // fencedErr tells that another producer with the transactional.id took

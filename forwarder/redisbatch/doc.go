@@ -43,7 +43,7 @@
 //
 // A batch publisher must never let a later message of a key be added after
 // an earlier one failed, and must tell the forwarder exactly which
-// messages were added (forwarder.PartialError). MULTI/EXEC makes a call
+// messages were added (destination.PartialError). MULTI/EXEC makes a call
 // all or nothing as far as Redis is concerned: if the connection is lost
 // before EXEC, Redis discards the queued commands; if a command is refused
 // while queued (out of memory), Redis discards the whole transaction
@@ -63,7 +63,7 @@
 // Failures of the server rather than of a message (unreachable, connection
 // lost, no answer within Config.Timeout, loading its data after a restart,
 // out of memory, a read-only replica after a failover, a cluster that is
-// down or moving the slot) wrap forwarder.ErrDestinationUnavailable and say
+// down or moving the slot) wrap destination.ErrDestinationUnavailable and say
 // which of these happened, so the forwarder pauses behind one probe until
 // the server is back.
 //

@@ -14,8 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/millbox/millbox/forwarder"
-	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/forwarder/destination"
 )
 
 // DefaultTimeout bounds one Publish call.
@@ -44,7 +43,7 @@ type Config struct {
 	MaxLen func(topic string) int64
 	// Timeout bounds one Publish call: a call Redis has not answered by
 	// then fails with an error that wraps
-	// forwarder.ErrDestinationUnavailable, and none of its messages counts
+	// destination.ErrDestinationUnavailable, and none of its messages counts
 	// as delivered. Defaults to DefaultTimeout.
 	Timeout time.Duration
 }
@@ -65,10 +64,10 @@ var _ message.Publisher = (*Publisher)(nil)
 // does.
 func NewPublisher(cfg Config) (*Publisher, error) {
 	if cfg.Client == nil {
-		return nil, fmt.Errorf("%w: redisbatch.Config.Client is required", sqladapters.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: redisbatch.Config.Client is required", destination.ErrInvalidConfig)
 	}
 	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("%w: redisbatch.Config.Timeout must not be negative", sqladapters.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: redisbatch.Config.Timeout must not be negative", destination.ErrInvalidConfig)
 	}
 	if cfg.Marshaller == nil {
 		cfg.Marshaller = redisstream.DefaultMarshallerUnmarshaller{}
@@ -83,18 +82,18 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 // Redis's answer.
 //
 // It returns nil when every message was added. Otherwise it returns a
-// *forwarder.PartialError when a prefix of msgs was added, or a plain
+// *destination.PartialError when a prefix of msgs was added, or a plain
 // error when none was; either way no message after the first failed one
 // was added (see the package doc). Failures of the server rather than of
 // a message (unreachable, connection lost, no answer within Timeout,
 // loading, out of memory, read-only replica) wrap
-// forwarder.ErrDestinationUnavailable.
+// destination.ErrDestinationUnavailable.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
 	if p.closed.Load() {
-		return fmt.Errorf("millbox: redisbatch: %w", forwarder.ErrClosed)
+		return fmt.Errorf("millbox: redisbatch: %w", destination.ErrClosed)
 	}
 	// A message that cannot be added ends the call before it, so that
 	// the stream never gets a later message of the key without it.
@@ -118,7 +117,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if added == 0 {
 		return err
 	}
-	return &forwarder.PartialError{Delivered: added, Err: err}
+	return &destination.PartialError{Delivered: added, Err: err}
 }
 
 // entry marshals m and checks that Redis will take it.
@@ -188,18 +187,18 @@ func (p *Publisher) classify(err error) error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, redis.ErrClosed) || p.closed.Load():
-		return fmt.Errorf("%w: %w", forwarder.ErrClosed, err)
+		return fmt.Errorf("%w: %w", destination.ErrClosed, err)
 	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-		return forwarder.DestinationUnavailable(fmt.Errorf("no answer in time: %w", err))
+		return destination.DestinationUnavailable(fmt.Errorf("no answer in time: %w", err))
 	case errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
-		return forwarder.DestinationUnavailable(fmt.Errorf("server unreachable or connection lost: %w", err))
+		return destination.DestinationUnavailable(fmt.Errorf("server unreachable or connection lost: %w", err))
 	case errors.Is(err, redis.ErrPoolTimeout):
-		return forwarder.DestinationUnavailable(fmt.Errorf("no connection to the server free in time: %w", err))
+		return destination.DestinationUnavailable(fmt.Errorf("no connection to the server free in time: %w", err))
 	}
 	for _, s := range serverStates {
 		if redis.HasErrorPrefix(err, s.prefix) {
-			return forwarder.DestinationUnavailable(fmt.Errorf("%s: %w", s.means, err))
+			return destination.DestinationUnavailable(fmt.Errorf("%s: %w", s.means, err))
 		}
 	}
 	return err
@@ -219,7 +218,7 @@ var serverStates = []struct{ prefix, means string }{
 	{"max number of clients reached", "the server takes no more clients"},
 }
 
-// Close makes later Publish calls fail with forwarder.ErrClosed. It does
+// Close makes later Publish calls fail with destination.ErrClosed. It does
 // not close Config.Client.
 func (p *Publisher) Close() error {
 	p.closed.Store(true)

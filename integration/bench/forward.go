@@ -9,6 +9,7 @@ import (
 	"time"
 
 	stdsql "database/sql"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"

@@ -331,13 +331,13 @@ func publish(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladapters
 func startForwarder(t *testing.T, ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, dest message.Publisher) (stop func()) {
 	t.Helper()
 	fw, err := forwarder.New(forwarder.Config{
-		DB:           db,
-		Dialect:      d,
-		Destination:  dest,
-		MaxAttempts:  1,
-		PollInterval: 50 * time.Millisecond,
-		Logger:       watermill.NewSlogLogger(slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))),
-		Source:       forwarder.Polling{Partitions: 4},
+		DB:                  db,
+		Dialect:             d,
+		Destination:         dest,
+		MaxAttempts:         1,
+		DelayedPollInterval: 50 * time.Millisecond,
+		Logger:              watermill.NewSlogLogger(slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))),
+		Source:              forwarder.Polling{PollInterval: 50 * time.Millisecond, Partitions: 4},
 	})
 	if err != nil {
 		t.Fatal(err)

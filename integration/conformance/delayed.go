@@ -142,7 +142,7 @@ func delayed(t *testing.T, env Env, fast func(t testing.TB, d sqladapters.Dialec
 			t.Fatal(err)
 		}
 		cfg := fast(t, d, rec)
-		cfg.PollInterval = time.Hour
+		SetPollInterval(&cfg, time.Hour)
 		StartForwarder(t, cfg)
 		rec.WaitFor(t, 1, 30*time.Second)
 		tx := src.MustBegin(t, ctx)

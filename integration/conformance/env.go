@@ -4,10 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/cdc"
 	"github.com/millbox/millbox/sqladapters"
 )
 
@@ -128,4 +130,28 @@ func ReadPending(t testing.TB, ctx context.Context, db sqladapters.Executor, d s
 		out = append(out, r)
 	}
 	return out
+}
+
+// SetPollInterval sets how often cfg's forwarder looks at the outbox when
+// nothing woke it: the PollInterval of its source (Polling or cdc.Source;
+// a nil Source becomes Polling) and its DelayedPollInterval.
+func SetPollInterval(cfg *forwarder.Config, d time.Duration) {
+	cfg.DelayedPollInterval = d
+	cfg.Source = PollEvery(cfg.Source, d)
+}
+
+// PollEvery returns src with its PollInterval set to d (Polling or
+// cdc.Source; nil becomes Polling).
+func PollEvery(src forwarder.Source, d time.Duration) forwarder.Source {
+	switch s := src.(type) {
+	case nil:
+		return forwarder.Polling{PollInterval: d}
+	case forwarder.Polling:
+		s.PollInterval = d
+		return s
+	case cdc.Source:
+		s.PollInterval = d
+		return s
+	}
+	panic(fmt.Sprintf("PollEvery: unknown source %T", src))
 }

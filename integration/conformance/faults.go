@@ -27,16 +27,16 @@ func Faults(t *testing.T, env Env) {
 	ctx := context.Background()
 	src := env.Sources[0]
 	base := func(t testing.TB, d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
-		return forwarder.Config{
-			DB:           env.DB,
-			Dialect:      d,
-			Destination:  dest,
-			PollInterval: 50 * time.Millisecond,
-			MinBackoff:   20 * time.Millisecond,
-			MaxBackoff:   200 * time.Millisecond,
-			Source:       env.source(t, d),
-			Logger:       testlog.Logger(t),
+		cfg := forwarder.Config{
+			DB:          env.DB,
+			Dialect:     d,
+			Destination: dest,
+			Retry:       forwarder.ExponentialRetry{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+			Source:      env.source(t, d),
+			Logger:      testlog.Logger(t),
 		}
+		SetPollInterval(&cfg, 50*time.Millisecond)
+		return cfg
 	}
 	keyOf := func(m *message.Message) string { return m.Metadata.Get(forwarder.DefaultKeyMetadataField) }
 
@@ -169,7 +169,7 @@ func Faults(t *testing.T, env Env) {
 	// a row out of sight across several head reads.
 	headEvery := func(t testing.TB, d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
 		cfg := base(t, d, dest)
-		cfg.PollInterval = time.Second
+		SetPollInterval(&cfg, time.Second)
 		return cfg
 	}
 
@@ -235,7 +235,7 @@ func Faults(t *testing.T, env Env) {
 			return nil
 		})
 		cfg := headEvery(t, d, rec)
-		cfg.MinBackoff, cfg.MaxBackoff, cfg.BackoffJitter = 2500*time.Millisecond, 2500*time.Millisecond, -1 // across two head reads
+		cfg.Retry = forwarder.ExponentialRetry{Min: 2500 * time.Millisecond, Max: 2500 * time.Millisecond, Jitter: -1} // across two head reads
 		StartForwarder(t, cfg)
 		for k := range 10 {
 			writeKey(t, ctx, src, d, fmt.Sprint("before-", k), 0, 10)
@@ -280,7 +280,7 @@ func Faults(t *testing.T, env Env) {
 				d := env.NewDialect(t)
 				StartForwarder(t, base(t, d, NewRecorder()))
 				cfg := base(t, d, NewRecorder())
-				cfg.Source = forwarder.Polling{Partitions: 4, LeaseTTL: 2 * time.Second}
+				cfg.Source = forwarder.Polling{PollInterval: 50 * time.Millisecond, Partitions: 4, LeaseTTL: 2 * time.Second}
 				return cfg, forwarder.ErrInvalidConfig
 			}
 		}
@@ -315,7 +315,7 @@ func Faults(t *testing.T, env Env) {
 		if env.polling() {
 			// Renewals every 20 minutes: only the handover can move the
 			// partitions within this test.
-			cfg.Source = forwarder.Polling{Partitions: 8, LeaseTTL: time.Hour}
+			cfg.Source = forwarder.Polling{PollInterval: 50 * time.Millisecond, Partitions: 8, LeaseTTL: time.Hour}
 			whole = 8
 		}
 		a := StartForwarder(t, cfg)

@@ -227,16 +227,16 @@ func Forwarder(t *testing.T, env Env) {
 	ctx := context.Background()
 	src := env.Sources[0]
 	fast := func(t testing.TB, d sqladapters.Dialect, dest message.Publisher) forwarder.Config {
-		return forwarder.Config{
-			DB:           env.DB,
-			Dialect:      d,
-			Destination:  dest,
-			PollInterval: 50 * time.Millisecond,
-			MinBackoff:   20 * time.Millisecond,
-			MaxBackoff:   200 * time.Millisecond,
-			Source:       env.source(t, d),
-			Logger:       testlog.Logger(t),
+		cfg := forwarder.Config{
+			DB:          env.DB,
+			Dialect:     d,
+			Destination: dest,
+			Retry:       forwarder.ExponentialRetry{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+			Source:      env.source(t, d),
+			Logger:      testlog.Logger(t),
 		}
+		SetPollInterval(&cfg, 50*time.Millisecond)
+		return cfg
 	}
 
 	t.Run("DeliversEverythingIntact", func(t *testing.T) {
@@ -309,8 +309,8 @@ func Forwarder(t *testing.T, env Env) {
 		rec := NewRecorder()
 		const instances, partitions = 3, 16
 		cfg := fast(t, d, rec)
-		cfg.PollInterval = time.Second // the first claim waits a quarter of it
 		cfg.Source = forwarder.Polling{Partitions: partitions, LeaseTTL: time.Hour}
+		SetPollInterval(&cfg, time.Second) // the first claim waits a quarter of it
 		fs := make([]*forwarder.Forwarder, instances)
 		for i := range fs {
 			f, err := forwarder.New(cfg)
@@ -649,7 +649,7 @@ func Forwarder(t *testing.T, env Env) {
 			"no dialect":     {DB: env.DB, Destination: rec, Source: src},
 			"no destination": {DB: env.DB, Dialect: d, Source: src},
 			"batch":          {DB: env.DB, Dialect: d, Destination: rec, Source: src, BatchSize: -1},
-			"backoff":        {DB: env.DB, Dialect: d, Destination: rec, Source: src, MinBackoff: time.Minute, MaxBackoff: time.Second},
+			"backoff":        {DB: env.DB, Dialect: d, Destination: rec, Source: src, Retry: forwarder.ExponentialRetry{Min: time.Minute, Max: time.Second}},
 			"partitions":     {DB: env.DB, Dialect: d, Destination: rec, Source: forwarder.Polling{Partitions: 100000}},
 			"tiny lease TTL": {DB: env.DB, Dialect: d, Destination: rec, Source: forwarder.Polling{LeaseTTL: time.Millisecond}},
 		} {
@@ -663,7 +663,7 @@ func Forwarder(t *testing.T, env Env) {
 		// Instances that disagree on Partitions refuse to start.
 		StartForwarder(t, fast(t, d, rec))
 		cfg := fast(t, d, rec)
-		cfg.Source = forwarder.Polling{Partitions: 4, LeaseTTL: 2 * time.Second}
+		cfg.Source = forwarder.Polling{PollInterval: 50 * time.Millisecond, Partitions: 4, LeaseTTL: 2 * time.Second}
 		f, err := forwarder.New(cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -256,7 +256,7 @@ func (r *recorder) has(uuids []string) bool {
 func TestPruneWhileForwarding(t *testing.T) {
 	f := newFixture(t)
 	rec := &recorder{got: map[string]bool{}}
-	fwd, err := forwarder.New(forwarder.Config{DB: f.db, Dialect: f.d, Destination: rec, KeepForwarded: true, PollInterval: 5 * time.Millisecond, Source: forwarder.Polling{Partitions: 2}})
+	fwd, err := forwarder.New(forwarder.Config{DB: f.db, Dialect: f.d, Destination: rec, KeepForwarded: true, DelayedPollInterval: 5 * time.Millisecond, Source: forwarder.Polling{PollInterval: 5 * time.Millisecond, Partitions: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

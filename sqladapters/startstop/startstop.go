@@ -6,13 +6,23 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/millbox/millbox/sqladapters"
 )
 
-// ErrRunning is returned by Begin while a Run of the same component is
-// going on.
-var ErrRunning = errors.New("millbox: already running")
+var (
+	// ErrClosed is returned by a component after Close: by Begin, by
+	// Ready, and by the components' own methods (a closed publisher, a
+	// closed destination). sqladapters, forwarder, forwarder/destination
+	// and inbox re-export it, so errors.Is(err, forwarder.ErrClosed) and
+	// the others all match it.
+	ErrClosed = errors.New("millbox: closed")
+	// ErrRunning is returned by Begin while a Run of the same component
+	// is going on.
+	ErrRunning = errors.New("millbox: already running")
+	// ErrInvalidConfig is returned by every millbox constructor for a bad
+	// config; the error names the field and the rule. sqladapters,
+	// forwarder, forwarder/destination, inbox and middleware re-export it.
+	ErrInvalidConfig = errors.New("millbox: invalid config")
+)
 
 // Base is the lifecycle of one component. Its zero value is ready to use;
 // it must not be copied after first use. A component's Run calls Begin
@@ -47,7 +57,7 @@ func (b *Base) Begin(ctx context.Context) (context.Context, error) {
 	b.lazyInit()
 	switch {
 	case b.closed:
-		return nil, sqladapters.ErrClosed
+		return nil, ErrClosed
 	case b.started:
 		return nil, ErrRunning
 	}
@@ -88,7 +98,7 @@ func (b *Base) Running() <-chan struct{} {
 }
 
 // Ready waits until the component runs and returns nil, or returns why it
-// will not: the error Run returned, sqladapters.ErrClosed when it stopped,
+// will not: the error Run returned, ErrClosed when it stopped,
 // or ctx's error.
 func (b *Base) Ready(ctx context.Context) error {
 	running := b.Running()
@@ -102,7 +112,7 @@ func (b *Base) Ready(ctx context.Context) error {
 		if b.err != nil {
 			return b.err
 		}
-		return sqladapters.ErrClosed
+		return ErrClosed
 	default:
 		return nil
 	}

@@ -3,16 +3,14 @@ package failure
 import (
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"syscall"
-	"time"
-	"unicode/utf8"
-)
 
-// ErrDestinationUnavailable is forwarder.ErrDestinationUnavailable.
-var ErrDestinationUnavailable = errors.New("millbox: destination unavailable")
+	"unicode/utf8"
+
+	"github.com/millbox/millbox/forwarder/destination"
+)
 
 // permanent marks a row that can never be published as stored; it is
 // dead-lettered at once.
@@ -74,7 +72,7 @@ func Unavailable(err error) bool {
 	if err == nil || IsPermanent(err) {
 		return false
 	}
-	if errors.Is(err, ErrDestinationUnavailable) || errors.Is(err, syscall.ECONNREFUSED) ||
+	if errors.Is(err, destination.ErrDestinationUnavailable) || errors.Is(err, syscall.ECONNREFUSED) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return true
@@ -92,19 +90,6 @@ func Unavailable(err error) bool {
 	return false
 }
 
-// Backoff is lo doubled per attempt, capped at hi, ± jitter.
-func Backoff(attempts int, lo, hi time.Duration, jitter float64) time.Duration {
-	d := lo
-	for i := 1; i < attempts && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	if jitter > 0 && d > 0 {
-		d = time.Duration(float64(d) * (1 + jitter*(2*rand.Float64()-1)))
-	}
-	return d
-}
-
 // MaxErrorLength bounds the error text stored with a failed row.
 const MaxErrorLength = 2000
 
@@ -120,10 +105,4 @@ func Text(err error) string {
 		}
 	}
 	return s
-}
-
-// RetryDelay is the wait before retrying an operation that failed after
-// waiting prev (zero the first time): doubled, from 100ms up to 5s.
-func RetryDelay(prev time.Duration) time.Duration {
-	return min(max(2*prev, 100*time.Millisecond), 5*time.Second)
 }

@@ -1,6 +1,8 @@
 // Package source is the contract between the forwarding engine (package
-// forwarder) and the sources of rows it drives: the polling source (package
-// forwarder) and logical replication (package forwarder/cdc).
+// forwarder/internal/engine) and the sources of rows it drives: the
+// polling source (package forwarder/polling) and logical replication
+// (package forwarder/cdc). It imports sqladapters and OpenTelemetry's
+// API only.
 //
 // The engine owns lanes, calls, failure records, dead letters, the breaker,
 // deletes, telemetry and the lifecycle. A source owns where rows come from
@@ -64,8 +66,6 @@ type Env struct {
 	Logger  watermill.LoggerAdapter
 	// BatchSize is the most rows one read returns.
 	BatchSize int
-	// PollInterval is how often an idle source reads the table.
-	PollInterval time.Duration
 	// CloseTimeout bounds stopping.
 	CloseTimeout time.Duration
 	// Meter reports the source's own instruments; Attrs are the
@@ -78,6 +78,11 @@ type Env struct {
 	// Read reports one read of the table that returned n rows (metrics
 	// and the OnRead hook).
 	Read func(n int)
+	// Active reports that this instance started (true) or stopped
+	// (false) publishing: it came to hold partitions or holds none any
+	// more, it became the active reader of a stream or stopped being it.
+	// Any goroutine; the source calls it on changes only.
+	Active func(active bool)
 	// ExactlyOnce tells that the engine publishes in destination
 	// transactions fenced per partition: the source acquires a partition
 	// (Engine.Acquire) before it reads rows of it, and gives it up

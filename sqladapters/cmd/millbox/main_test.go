@@ -427,12 +427,12 @@ func exercise(t *testing.T, in installation) {
 	rec := newRecorder()
 	instance := uniqueName("cli-test-")
 	fwd, err := forwarder.New(forwarder.Config{
-		DB:            in.db,
-		Dialect:       in.dialect,
-		Destination:   rec,
-		PollInterval:  20 * time.Millisecond,
-		KeepForwarded: true,
-		Source:        forwarder.Polling{InstanceID: instance, Partitions: 4},
+		DB:                  in.db,
+		Dialect:             in.dialect,
+		Destination:         rec,
+		DelayedPollInterval: 20 * time.Millisecond,
+		KeepForwarded:       true,
+		Source:              forwarder.Polling{PollInterval: 20 * time.Millisecond, InstanceID: instance, Partitions: 4},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -53,12 +53,12 @@ func TestPartialErrorClaimingEverythingIsRetried(t *testing.T) {
 	}
 	pub := &overclaiming{delivered: make(chan string, 10)}
 	fwd, err := forwarder.New(forwarder.Config{
-		DB:           db,
-		Dialect:      dialect,
-		Destination:  pub,
-		MinBackoff:   time.Millisecond,
-		MaxBackoff:   10 * time.Millisecond,
-		PollInterval: 10 * time.Millisecond,
+		DB:                  db,
+		Dialect:             dialect,
+		Destination:         pub,
+		Retry:               forwarder.ExponentialRetry{Min: time.Millisecond, Max: 10 * time.Millisecond},
+		DelayedPollInterval: 10 * time.Millisecond,
+		Source:              forwarder.Polling{PollInterval: 10 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)
