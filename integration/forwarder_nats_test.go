@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/destination"
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
 	"github.com/millbox/millbox/sqladapters"
@@ -68,15 +69,19 @@ func TestForwarderNATSPubSub(t *testing.T) {
 	}
 }
 
-// keyGroupTopic maps a message to the subject (NATS) or stream (Redis) of
-// its key's group: topic, sep, and the key's hash modulo groups. Each
-// group keeps its keys' order and a consumer per group reads them in
-// parallel with the other groups.
+// keyGroupTopic maps a message to the subject (NATS), stream (Redis) or
+// queue (RabbitMQ) of its key's group: topic, sep, and the ordering key's
+// group. Each group keeps its keys' order and a consumer per group reads
+// them in parallel with the other groups.
 func keyGroupTopic(sep string, groups int) func(topic string, m *message.Message) (string, error) {
 	return func(topic string, m *message.Message) (string, error) {
-		g := uint32(forwarder.KeyHash(m.Metadata.Get(forwarder.DefaultKeyMetadataField))) % uint32(groups)
-		return fmt.Sprintf("%s%s%d", topic, sep, g), nil
+		return keyGroup(topic, sep, groups, destination.Key(m)), nil
 	}
+}
+
+// keyGroup names the subject, stream or queue of key's group.
+func keyGroup(topic, sep string, groups int, key string) string {
+	return fmt.Sprintf("%s%s%d", topic, sep, uint32(forwarder.KeyHash(key))%uint32(groups))
 }
 
 // TestForwarderNATSKeyOrder: 50 keys × 100 messages committed from four

@@ -356,7 +356,7 @@ func writeKey(t testing.TB, ctx context.Context, src TxSource, d sqladapters.Dia
 		m.Metadata.Set("seq", strconv.Itoa(from+i))
 		msgs[i] = m
 	}
-	if err := publishCommitted(ctx, src, d, "t", msgs); err != nil {
+	if err := publishCommitted(ctx, src, forwarder.PublisherConfig{Dialect: d}, "t", msgs); err != nil {
 		t.Fatal(err)
 	}
 }

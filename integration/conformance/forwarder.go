@@ -141,6 +141,14 @@ func CheckKeyOrder(t testing.TB, msgs []Delivered, keyField string) {
 // which keeps each key's commit order equal to its seq order.
 func WriteKeyed(t testing.TB, ctx context.Context, src TxSource, d sqladapters.Dialect, topic string, keys, perKey, perTx, writers int) {
 	t.Helper()
+	WriteKeyedIn(t, ctx, src, d, forwarder.DefaultKeyMetadataField, topic, keys, perKey, perTx, writers)
+}
+
+// WriteKeyedIn is WriteKeyed with the key in the metadata field keyField,
+// the publisher's PublisherConfig.KeyMetadataField: message i of key k has
+// metadata keyField "key-k" and seq i.
+func WriteKeyedIn(t testing.TB, ctx context.Context, src TxSource, d sqladapters.Dialect, keyField, topic string, keys, perKey, perTx, writers int) {
+	t.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
 	for w := range writers {
@@ -152,12 +160,12 @@ func WriteKeyed(t testing.TB, ctx context.Context, src TxSource, d sqladapters.D
 				for k := w; k < keys; k += writers {
 					for s := seq; s < min(seq+perTx, perKey); s++ {
 						m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf("k%d-%d", k, s)))
-						m.Metadata.Set(forwarder.DefaultKeyMetadataField, fmt.Sprintf("key-%d", k))
+						m.Metadata.Set(keyField, fmt.Sprintf("key-%d", k))
 						m.Metadata.Set("seq", strconv.Itoa(s))
 						msgs = append(msgs, m)
 					}
 				}
-				if err := publishCommitted(ctx, src, d, topic, msgs); err != nil {
+				if err := publishCommitted(ctx, src, forwarder.PublisherConfig{Dialect: d, KeyMetadataField: keyField}, topic, msgs); err != nil {
 					errs <- err
 					return
 				}
@@ -174,12 +182,12 @@ func WriteKeyed(t testing.TB, ctx context.Context, src TxSource, d sqladapters.D
 // publishCommitted publishes msgs in one transaction of src and commits
 // it. It returns errors rather than failing a test, for WriteKeyed's
 // goroutines.
-func publishCommitted(ctx context.Context, src TxSource, d sqladapters.Dialect, topic string, msgs []*message.Message) error {
+func publishCommitted(ctx context.Context, src TxSource, cfg forwarder.PublisherConfig, topic string, msgs []*message.Message) error {
 	tx, err := src.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+	pub, err := forwarder.NewPublisher(tx, cfg)
 	if err == nil {
 		err = pub.Publish(topic, msgs...)
 	}

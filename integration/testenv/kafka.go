@@ -23,17 +23,19 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/millbox/millbox/forwarder/destination"
 )
 
 // DefaultKafkaPartitions is how many partitions topics get when created by
 // the helpers or auto-created on first use.
 const DefaultKafkaPartitions = 8
 
-// KeyMetadataField is the metadata field the keyed publisher and the
-// collectors read the ordering key from. It matches millbox's default
-// (forwarder.DefaultKeyMetadataField); testenv does not import forwarder so
-// that it stays usable by every package's tests.
-const KeyMetadataField = "partition_key"
+// KeyMetadataField is the metadata field the collectors read the ordering
+// key from: the one in which the forwarder hands every destination the key
+// stored with the row (destination.KeyMetadataField), and millbox's default
+// field for producers too.
+const KeyMetadataField = destination.KeyMetadataField
 
 // KafkaConfig configures NewKafka.
 type KafkaConfig struct {
@@ -279,12 +281,13 @@ func KafkaSaramaConfig() *sarama.Config {
 	return c
 }
 
-// KeyMarshaler is watermill-kafka's partitioning marshaler with the value of
-// the metadata field KeyMetadataField as the Kafka record key, so that one
-// key always lands on one partition and keeps its order there.
+// KeyMarshaler is watermill-kafka's partitioning marshaler with the
+// ordering key the forwarder hands its destination (destination.Key) as the
+// Kafka record key, so that one key always lands on one partition and keeps
+// its order there.
 func KeyMarshaler() kafka.MarshalerUnmarshaler {
 	return kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-		return msg.Metadata.Get(KeyMetadataField), nil
+		return destination.Key(msg), nil
 	})
 }
 
@@ -317,7 +320,7 @@ func (k *Kafka) Publisher(t testing.TB) *kafka.Publisher {
 }
 
 // KeyedPublisher returns a watermill-kafka publisher whose record key is the
-// message's KeyMetadataField, closed after the test.
+// message's ordering key (KeyMarshaler), closed after the test.
 func (k *Kafka) KeyedPublisher(t testing.TB) *kafka.Publisher {
 	t.Helper()
 	return kafkaPublisher(t, k.Addrs(), true)
