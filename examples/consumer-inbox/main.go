@@ -42,6 +42,7 @@ import (
 
 	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/destination"
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
@@ -107,7 +108,7 @@ func run(pgURL, brokers string, n int) error {
 	group := "billing-" + suffix
 	defer stopKafka([]string{payments, invoiceEvents}, []string{group}) // after the clients below closed
 	marshaler := kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-		return msg.Metadata.Get(forwarder.DefaultKeyMetadataField), nil
+		return destination.Key(msg), nil
 	})
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: addrs, Marshaler: marshaler}, watermill.NopLogger{})
 	if err != nil {

@@ -41,6 +41,7 @@ import (
 
 	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/destination"
 	"github.com/millbox/millbox/middleware"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
@@ -118,7 +119,7 @@ func run(pgURL, brokers string, n int) error {
 	var topics, groups []string
 	defer func() { stopKafka(topics, groups) }() // after the clients below closed
 	marshalKey := kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-		return msg.Metadata.Get(forwarder.DefaultKeyMetadataField), nil
+		return destination.Key(msg), nil
 	})
 	kafkaPub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: addrs, Marshaler: marshalKey}, watermill.NopLogger{})
 	if err != nil {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/destination"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
@@ -90,7 +91,7 @@ func run(pgURL, brokers string, n, keys int) error {
 	// key: sarama's default partitioner hashes it, so all events of one
 	// account land on one partition and keep their order there.
 	marshaler := kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-		return msg.Metadata.Get(forwarder.DefaultKeyMetadataField), nil
+		return destination.Key(msg), nil
 	})
 	// The forwarder deletes a row once Publish returned: make that mean
 	// "stored by every in-sync replica".

@@ -36,6 +36,7 @@ import (
 
 	"github.com/millbox/millbox/examples/internal/exampleenv"
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/destination"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
@@ -117,8 +118,7 @@ func run(pgURL, natsURL string, n, keys int) error {
 		Dialect:     dialect,
 		Destination: pub,
 		Topic: func(topic string, msg *message.Message) (string, error) {
-			key := msg.Metadata.Get(forwarder.DefaultKeyMetadataField)
-			return fmt.Sprintf("%s.%d", topic, uint32(forwarder.KeyHash(key))%groups), nil
+			return fmt.Sprintf("%s.%d", topic, uint32(forwarder.KeyHash(destination.Key(msg)))%groups), nil
 		},
 	})
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/millbox/millbox/examples/internal/exampleenv"
-	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/destination"
 )
 
 // broker is where the forwarder publishes and the router subscribes.
@@ -57,7 +57,7 @@ func openKafka(brokers, topic, group string, logger watermill.LoggerAdapter) (_ 
 	// The partitioning marshaler makes the ordering key the Kafka record
 	// key, so one customer's events land on one partition, in order.
 	marshaler := kafka.NewWithPartitioningMarshaler(func(_ string, msg *message.Message) (string, error) {
-		return msg.Metadata.Get(forwarder.DefaultKeyMetadataField), nil
+		return destination.Key(msg), nil
 	})
 	pubConfig := kafka.DefaultSaramaSyncPublisherConfig()
 	pubConfig.Producer.RequiredAcks = sarama.WaitForAll // forwarded = stored by all in-sync replicas

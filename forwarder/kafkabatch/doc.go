@@ -9,8 +9,9 @@
 // as sarama partitions them, so a key lands on the partition
 // watermill-kafka's publisher would pick and consumers using
 // watermill-kafka's subscriber read the records as usual. The default
-// marshaler uses the forwarder's ordering key (metadata "partition_key") as
-// the Kafka record key.
+// marshaler makes the ordering key the forwarder stored with each row
+// (destination.Key, whatever metadata field the producer set it in) the
+// Kafka record key.
 //
 // # Order under failure
 //

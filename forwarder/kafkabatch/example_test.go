@@ -23,8 +23,8 @@ func ExampleNewPublisher() {
 	}
 	defer sqlDB.Close()
 
-	// The ordering key (metadata partition_key) becomes the record key: a
-	// key stays on one partition, in order.
+	// The ordering key stored with each row becomes the record key: a key
+	// stays on one partition, in order.
 	destination, err := kafkabatch.NewPublisher(kafkabatch.Config{Brokers: []string{"localhost:9092"}})
 	if err != nil {
 		log.Fatal(err)

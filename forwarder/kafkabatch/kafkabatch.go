@@ -32,8 +32,9 @@ type Config struct {
 	// Brokers are the seed brokers. Required.
 	Brokers []string
 	// Marshaler turns messages into Kafka records. Defaults to
-	// watermill-kafka's partitioning marshaler keyed by the metadata
-	// field forwarder.DefaultKeyMetadataField. Kafka keeps order per
+	// watermill-kafka's partitioning marshaler keyed by destination.Key:
+	// the ordering key the forwarder stored with the row, whatever
+	// metadata field the producer set it in. Kafka keeps order per
 	// partition: a marshaler that does not use the ordering key as the
 	// record key spreads a key's messages over partitions, and their
 	// order with them.

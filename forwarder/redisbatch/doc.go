@@ -33,11 +33,12 @@
 // stream of its own with the forwarder's Config.Topic, for example
 //
 //	Topic: func(topic string, m *message.Message) (string, error) {
-//		key := m.Metadata.Get(forwarder.DefaultKeyMetadataField)
-//		return fmt.Sprintf("%s:%d", topic, uint32(forwarder.KeyHash(key))%8), nil
+//		return fmt.Sprintf("%s:%d", topic, uint32(forwarder.KeyHash(destination.Key(m)))%8), nil
 //	},
 //
-// and run one consumer per stream.
+// and run one consumer per stream. destination.Key is the ordering key the
+// forwarder stored with the row, whatever metadata field the producer set
+// it in.
 //
 // # Order under failure
 //
