@@ -209,7 +209,9 @@
 // Publish.ConfirmDelivery so that a publish succeeds only once the broker
 // has the message, and a ChannelPoolSize (the default opens a channel per
 // publish); the durable queue config does not declare the queue on
-// publish, so declare it (or start the subscriber) first.
+// publish, so declare it (or start the subscriber) first. A queue keeps
+// order for one consuming channel; to consume in parallel, map a key to
+// its group's queue with Config.Topic and destination.Key, as for NATS.
 //
 // # Finding new rows
 //

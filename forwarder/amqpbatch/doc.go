@@ -12,6 +12,19 @@
 // config). As with watermill-amqp, publishing does not declare the queue,
 // and a message no queue is bound for is confirmed and dropped.
 //
+// A queue hands its messages out in order to one consuming channel;
+// several consumers of one queue handle them in parallel, and a key's
+// messages with them. To consume a topic in parallel and keep each key's
+// order, give each group of keys a queue of its own with the forwarder's
+// Config.Topic on the ordering key the forwarder stored with the row
+// (destination.Key), for example
+//
+//	Topic: func(topic string, m *message.Message) (string, error) {
+//		return fmt.Sprintf("%s.%d", topic, uint32(forwarder.KeyHash(destination.Key(m)))%8), nil
+//	},
+//
+// and run one consumer per queue.
+//
 // # Order under failure
 //
 // RabbitMQ keeps the order of the messages published on one channel: they
