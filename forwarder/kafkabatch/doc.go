@@ -46,9 +46,9 @@
 //
 // A record whose request was written but not answered (the connection
 // died) could be on the broker already. kgo normally waits for the answer
-// before failing it; this publisher allows failing it at DeliveryTimeout
-// (kgo.AllowIdempotentProduceCancellation), so that a call ends in bounded
-// time while the broker is down. The cost is a possible duplicate when the
+// before failing it; this publisher allows failing it when the call's
+// time is up (kgo.AllowIdempotentProduceCancellation), so that a call ends
+// in bounded time while the broker is down. The cost is a possible duplicate when the
 // forwarder publishes that record again, never a reordering: the failed
 // records' successors of the partition fail with them, and the retry
 // produces under the new epoch, behind whatever the old one wrote.
@@ -59,9 +59,20 @@
 // prefix, the rest are not sent.
 //
 // Failures of the broker rather than of a message (unreachable, connection
-// lost, no acknowledgement within Config.DeliveryTimeout, Kafka's retriable
-// errors) wrap destination.ErrDestinationUnavailable and say which of these
-// happened.
+// lost, no acknowledgement in time, Kafka's retriable errors) wrap
+// destination.ErrDestinationUnavailable and say which of these happened.
+//
+// # Timeouts
+//
+// A call's time is that of its context: the forwarder sets the deadline of
+// the messages' context in Publish, and of PublishTx's context, at its
+// PublishTimeout, so a call gives up when the forwarder stops waiting for
+// it, not before and not after. Config.DeliveryTimeout, when set, bounds a
+// call further (the earlier limit wins); a call whose context has no
+// deadline (Publish called outside a forwarder, the forwarder's claims)
+// waits DeliveryTimeout, or DefaultDeliveryTimeout when that is not set.
+// A transaction is also given up at TxConfig.TransactionTimeout, after
+// which the brokers abort it. Errors name the limit that ended a call.
 //
 // # Exactly once
 //
@@ -102,9 +113,9 @@
 // refused records are reported (destination.TxAbortedError), the forwarder
 // then sending the failing key alone until it knows the failing message. A
 // commit that returns an error, a produce refused because another holder
-// fenced this one, and a transaction that does not finish within
-// DeliveryTimeout close the partition's producer: its outcome is left to
-// the next claim. Brokers that refuse transactions (an ACL on
+// fenced this one, and a transaction that does not finish in time (see
+// Timeouts) close the partition's producer: its outcome is left to the
+// next claim. Brokers that refuse transactions (an ACL on
 // transactional ids, no transaction coordinator) fail the forwarder's
 // start, before anything is sent.
 //

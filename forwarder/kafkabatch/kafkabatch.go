@@ -20,7 +20,8 @@ import (
 	"github.com/millbox/millbox/forwarder/destination"
 )
 
-// DefaultDeliveryTimeout bounds one Publish call.
+// DefaultDeliveryTimeout bounds a call whose context has no deadline, when
+// Config.DeliveryTimeout is not set.
 const DefaultDeliveryTimeout = 10 * time.Second
 
 // batchOverhead is what a record batch adds around its records (the
@@ -39,15 +40,20 @@ type Config struct {
 	// record key spreads a key's messages over partitions, and their
 	// order with them.
 	Marshaler kafka.Marshaler
-	// DeliveryTimeout bounds one Publish call: the messages Kafka has not
-	// acknowledged by then fail, with an error that wraps
-	// destination.ErrDestinationUnavailable. Defaults to
-	// DefaultDeliveryTimeout.
+	// DeliveryTimeout bounds one call when it ends before the call's own
+	// deadline. A call's deadline is that of its context: the first
+	// message's context in Publish (msgs[0].Context()), ctx in a
+	// TxPublisher's methods; the forwarder sets it at its PublishTimeout,
+	// so that a call gives up when the forwarder does. The messages Kafka
+	// has not acknowledged by then fail, with an error that wraps
+	// destination.ErrDestinationUnavailable and names the limit. Defaults
+	// to 0: the call's deadline alone, and DefaultDeliveryTimeout for a
+	// call whose context has none.
 	DeliveryTimeout time.Duration
 	// Options are further franz-go client options (TLS, SASL, client
 	// id, ...), applied after the publisher's own: seed brokers,
 	// idempotent writes with acks from all in-sync replicas,
-	// cancellation of in-flight records at DeliveryTimeout, sarama's
+	// cancellation of in-flight records at the call's limit, sarama's
 	// partitioner (a key lands on the partition watermill-kafka's
 	// publisher picks) and automatic topic creation (as sarama asks
 	// for). Idempotent writes must stay on: NewPublisher refuses
@@ -60,7 +66,7 @@ type Config struct {
 type Publisher struct {
 	client    *kgo.Client
 	marshaler kafka.Marshaler
-	timeout   time.Duration
+	timeout   time.Duration // Config.DeliveryTimeout, 0 for none
 	conns     *connState
 
 	maxBatchBytes    func(topic string) int32
@@ -90,9 +96,6 @@ func newPublisher(cfg Config, partitioner kgo.Partitioner) (*Publisher, error) {
 		cfg.Marshaler = kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
 			return destination.Key(m), nil
 		})
-	}
-	if cfg.DeliveryTimeout == 0 {
-		cfg.DeliveryTimeout = DefaultDeliveryTimeout
 	}
 	conns := &connState{}
 	client, err := kgo.NewClient(producerOptions(cfg, conns, partitioner, true)...)
@@ -138,14 +141,16 @@ func fnv32a(b []byte) uint32 {
 	return h.Sum32()
 }
 
-// Publish produces msgs to topic and waits for Kafka's acknowledgements.
+// Publish produces msgs to topic and waits for Kafka's acknowledgements,
+// until the deadline of the first message's context (the forwarder's
+// PublishTimeout) or Config.DeliveryTimeout, whichever ends first.
 //
 // It returns nil when every message was acknowledged. Otherwise it returns
 // a *destination.PartialError when a prefix of msgs was acknowledged, or a
 // plain error when none was; either way no message after the first failed
 // one was written (see the package doc). Failures of the broker rather
-// than of a message (unreachable, connection lost, no answer within
-// DeliveryTimeout) wrap destination.ErrDestinationUnavailable.
+// than of a message (unreachable, connection lost, no answer in time) wrap
+// destination.ErrDestinationUnavailable.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -165,7 +170,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 		records = append(records, r)
 	}
-	delivered, err := p.produce(topic, msgs, records)
+	delivered, err := p.produce(msgs[0].Context(), topic, msgs, records)
 	switch {
 	case err == nil && stop == nil:
 		return nil
@@ -221,14 +226,51 @@ func encode(e sarama.Encoder) ([]byte, error) {
 	return e.Encode()
 }
 
+// limit is what bounds a call: a duration and the setting it comes from,
+// for errors.
+type limit struct {
+	d    time.Duration
+	name string
+}
+
+func (l limit) String() string { return fmt.Sprintf("%v (%s)", l.d.Round(time.Millisecond), l.name) }
+
+// bound returns the context of a call made with ctx: it ends at ctx's
+// deadline or DeliveryTimeout, whichever is first (DefaultDeliveryTimeout
+// when neither is set), when ctx ends, and when the publisher closes.
+func (p *Publisher) bound(ctx context.Context) (context.Context, context.CancelFunc, limit) {
+	return p.boundBy(ctx, limit{})
+}
+
+// boundBy is bound with a further limit of the caller's (none when
+// extra.d is 0).
+func (p *Publisher) boundBy(ctx context.Context, extra limit) (context.Context, context.CancelFunc, limit) {
+	now := time.Now()
+	lim, deadline := limit{}, time.Time{}
+	if d, ok := ctx.Deadline(); ok {
+		lim, deadline = limit{max(d.Sub(now), 0), "the call's deadline"}, d
+	}
+	for _, l := range []limit{{p.timeout, "DeliveryTimeout"}, extra} {
+		if l.d > 0 && (deadline.IsZero() || now.Add(l.d).Before(deadline)) {
+			lim, deadline = l, now.Add(l.d)
+		}
+	}
+	if deadline.IsZero() {
+		lim, deadline = limit{DefaultDeliveryTimeout, "DefaultDeliveryTimeout"}, now.Add(DefaultDeliveryTimeout)
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	stop := context.AfterFunc(p.ctx, cancel)
+	return ctx, func() { stop(); cancel() }, lim
+}
+
 // produce sends records, the first len(records) of msgs, and returns how
 // many leading ones Kafka acknowledged and, when that is not all, why the
 // next one failed.
-func (p *Publisher) produce(topic string, msgs []*message.Message, records []*kgo.Record) (int, error) {
+func (p *Publisher) produce(ctx context.Context, topic string, msgs []*message.Message, records []*kgo.Record) (int, error) {
 	if len(records) == 0 {
 		return 0, nil
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
+	ctx, cancel, lim := p.bound(ctx)
 	defer cancel()
 	index := make(map[*kgo.Record]int, len(records))
 	for i, r := range records {
@@ -257,20 +299,24 @@ func (p *Publisher) produce(topic string, msgs []*message.Message, records []*kg
 	}
 	m := msgs[delivered]
 	return delivered, fmt.Errorf("millbox: kafkabatch: %d of %d messages to %s not acknowledged, first %s: %w",
-		failed, len(records), topic, m.UUID, p.classify(ctx, errs[delivered]))
+		failed, len(records), topic, m.UUID, p.classify(ctx, lim, errs[delivered]))
 }
 
-// classify tells a broker failure from a message failure.
-func (p *Publisher) classify(ctx context.Context, err error) error {
+// classify tells a broker failure from a message failure; ctx is the
+// call's, bounded by lim.
+func (p *Publisher) classify(ctx context.Context, lim limit, err error) error {
 	switch {
 	case p.ctx.Err() != nil || errors.Is(err, kgo.ErrClientClosed):
 		return fmt.Errorf("%w: %w", destination.ErrClosed, err)
+	case errors.Is(ctx.Err(), context.Canceled):
+		// The caller gave the call up: nothing to say about the broker.
+		return fmt.Errorf("the call's context was cancelled: %w", err)
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kgo.ErrRecordTimeout):
 		// A bare deadline: say what the connection went through.
-		return destination.DestinationUnavailable(fmt.Errorf("no acknowledgement within %v: %s (%w)", p.timeout, p.conns.describe(), err))
+		return destination.DestinationUnavailable(fmt.Errorf("no acknowledgement within %v: %s (%w)", lim, p.conns.describe(), err))
 	case ctx.Err() != nil:
 		// kgo fails a record it kept retrying with the last error.
-		return destination.DestinationUnavailable(fmt.Errorf("no acknowledgement within %v: %s: %w", p.timeout, what(err), err))
+		return destination.DestinationUnavailable(fmt.Errorf("no acknowledgement within %v: %s: %w", lim, what(err), err))
 	case brokerFailure(err):
 		return destination.DestinationUnavailable(fmt.Errorf("%s: %w", what(err), err))
 	}

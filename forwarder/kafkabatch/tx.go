@@ -33,8 +33,9 @@ const controlPartition = 0
 // TxConfig configures a TxPublisher.
 type TxConfig struct {
 	// Config is the Kafka client's: brokers, marshaler, DeliveryTimeout
-	// (which bounds each transaction's produce, commit and abort), and
-	// further options.
+	// (which, when set, bounds each transaction, its produce, commit and
+	// abort together, and each claim, within the forwarder's
+	// PublishTimeout), and further options.
 	Config
 	// TransactionalID names the outbox at the brokers. Each partition of
 	// the outbox has a transactional producer of its own, with the
@@ -56,8 +57,15 @@ type TxConfig struct {
 	// before they abort it: read_committed consumers of the partitions it
 	// wrote wait for it to end, so after a crash they may wait this long
 	// unless another forwarder takes the outbox partition over (and
-	// fences the crashed one's transaction) sooner. Defaults to
-	// DefaultTransactionTimeout.
+	// fences the crashed one's transaction) sooner. It also bounds each
+	// transaction PublishTx runs when it ends before the forwarder's
+	// PublishTimeout: a transaction open longer cannot commit, so
+	// PublishTx gives it up then instead of waiting for the forwarder's
+	// deadline (at the defaults, a hung transaction is given up after 20
+	// s, the forwarder's PublishTimeout being 30 s). It must be longer than
+	// DeliveryTimeout when that is set, and the brokers'
+	// transaction.max.timeout.ms (15 minutes by default) must allow it.
+	// Defaults to DefaultTransactionTimeout.
 	TransactionTimeout time.Duration
 }
 
@@ -119,7 +127,7 @@ func NewTxPublisher(cfg TxConfig) (*TxPublisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	if base.timeout >= cfg.TransactionTimeout {
+	if base.timeout > 0 && base.timeout >= cfg.TransactionTimeout {
 		base.Close()
 		return nil, bad("TransactionTimeout (%v) must be longer than DeliveryTimeout (%v)", cfg.TransactionTimeout, base.timeout)
 	}
@@ -164,11 +172,11 @@ func (p *TxPublisher) PrepareTx(ctx context.Context) error {
 		return fmt.Errorf("%w: kafkabatch: %w", destination.ErrInvalidConfig, err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, p.base.timeout)
+	ctx, cancel, lim := p.base.bound(ctx)
 	defer cancel()
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		return fmt.Errorf("kafkabatch: the brokers did not grant a transaction to transactional.id %q (transactions need Kafka 0.11 or later, a transaction state log the brokers can write, and, with ACLs, WRITE on the transactional ids %s-*): %w",
-			id, p.cfg.TransactionalID, p.base.classify(ctx, err))
+			id, p.cfg.TransactionalID, p.base.classify(ctx, lim, err))
 	}
 	return nil
 }
@@ -176,16 +184,16 @@ func (p *TxPublisher) PrepareTx(ctx context.Context) error {
 // ensureControlTopic creates the control topic when it is missing and
 // checks that it is compacted.
 func (p *TxPublisher) ensureControlTopic(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, p.base.timeout)
+	ctx, cancel, lim := p.base.bound(ctx)
 	defer cancel()
 	topic := p.cfg.ControlTopic
-	policy, found, err := p.cleanupPolicy(ctx)
+	policy, found, err := p.cleanupPolicy(ctx, lim)
 	if err != nil {
 		return err
 	}
 	if !found {
 		req := kmsg.NewPtrCreateTopicsRequest()
-		req.TimeoutMillis = int32(p.base.timeout / time.Millisecond)
+		req.TimeoutMillis = int32(lim.d / time.Millisecond)
 		rt := kmsg.NewCreateTopicsRequestTopic()
 		rt.Topic, rt.NumPartitions, rt.ReplicationFactor = topic, 1, -1
 		c := kmsg.NewCreateTopicsRequestTopicConfig()
@@ -194,14 +202,14 @@ func (p *TxPublisher) ensureControlTopic(ctx context.Context) error {
 		req.Topics = append(req.Topics, rt)
 		resp, err := req.RequestWith(ctx, p.base.client)
 		if err != nil {
-			return fmt.Errorf("kafkabatch: create the control topic %q: %w", topic, p.base.classify(ctx, err))
+			return fmt.Errorf("kafkabatch: create the control topic %q: %w", topic, p.base.classify(ctx, lim, err))
 		}
 		if len(resp.Topics) == 1 {
 			if err := kerr.ErrorForCode(resp.Topics[0].ErrorCode); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 				return fmt.Errorf("kafkabatch: create the control topic %q (compacted, 1 partition; or create it yourself): %w", topic, err)
 			}
 		}
-		if policy, _, err = p.cleanupPolicy(ctx); err != nil {
+		if policy, _, err = p.cleanupPolicy(ctx, lim); err != nil {
 			return err
 		}
 	}
@@ -213,8 +221,9 @@ func (p *TxPublisher) ensureControlTopic(ctx context.Context) error {
 	return nil
 }
 
-// cleanupPolicy reads the control topic's cleanup.policy.
-func (p *TxPublisher) cleanupPolicy(ctx context.Context) (policy string, found bool, err error) {
+// cleanupPolicy reads the control topic's cleanup.policy; ctx is bounded
+// by lim.
+func (p *TxPublisher) cleanupPolicy(ctx context.Context, lim limit) (policy string, found bool, err error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	rr := kmsg.NewDescribeConfigsRequestResource()
 	rr.ResourceType, rr.ResourceName = kmsg.ConfigResourceTypeTopic, p.cfg.ControlTopic
@@ -222,7 +231,7 @@ func (p *TxPublisher) cleanupPolicy(ctx context.Context) (policy string, found b
 	req.Resources = append(req.Resources, rr)
 	resp, err := req.RequestWith(ctx, p.base.client)
 	if err != nil {
-		return "", false, fmt.Errorf("kafkabatch: describe the control topic %q: %w", p.cfg.ControlTopic, p.base.classify(ctx, err))
+		return "", false, fmt.Errorf("kafkabatch: describe the control topic %q: %w", p.cfg.ControlTopic, p.base.classify(ctx, lim, err))
 	}
 	if len(resp.Resources) != 1 {
 		return "", false, fmt.Errorf("kafkabatch: describe the control topic %q: %d resources in the answer", p.cfg.ControlTopic, len(resp.Resources))
@@ -263,13 +272,13 @@ func (p *TxPublisher) ClaimPartition(ctx context.Context, partition int) ([]byte
 	if err != nil {
 		return nil, fmt.Errorf("kafkabatch: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.base.timeout)
+	ctx, cancel, lim := p.base.bound(ctx)
 	defer cancel()
 	if _, _, err := cl.ProducerID(ctx); err != nil {
 		cl.Close()
-		return nil, fmt.Errorf("kafkabatch: initialize the transactional producer %q: %w", p.transactionalID(partition), p.base.classify(ctx, err))
+		return nil, fmt.Errorf("kafkabatch: initialize the transactional producer %q: %w", p.transactionalID(partition), p.base.classify(ctx, lim, err))
 	}
-	progress, err := p.readProgress(ctx, partition)
+	progress, err := p.readProgress(ctx, lim, partition)
 	if err != nil {
 		cl.Close()
 		return nil, err
@@ -289,8 +298,8 @@ func (p *TxPublisher) ClaimPartition(ctx context.Context, partition int) ([]byte
 
 // readProgress writes a mark to the control partition and reads it with
 // read_committed from the start up to that mark; it returns the value of
-// the partition's last progress record.
-func (p *TxPublisher) readProgress(ctx context.Context, partition int) ([]byte, error) {
+// the partition's last progress record. ctx is bounded by lim.
+func (p *TxPublisher) readProgress(ctx context.Context, lim limit, partition int) ([]byte, error) {
 	key := p.progressKey(partition)
 	markKey := append(bytes.Clone(key), "/claim"...)
 	nonce := make([]byte, 16)
@@ -298,7 +307,7 @@ func (p *TxPublisher) readProgress(ctx context.Context, partition int) ([]byte, 
 	mark := []byte(hex.EncodeToString(nonce))
 	topic := p.cfg.ControlTopic
 	if err := p.base.client.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: controlPartition, Key: markKey, Value: mark}).FirstErr(); err != nil {
-		return nil, fmt.Errorf("kafkabatch: write a claim mark to the control topic %q: %w", topic, p.base.classify(ctx, err))
+		return nil, fmt.Errorf("kafkabatch: write a claim mark to the control topic %q: %w", topic, p.base.classify(ctx, lim, err))
 	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(p.cfg.Brokers...),
@@ -315,7 +324,7 @@ func (p *TxPublisher) readProgress(ctx context.Context, partition int) ([]byte, 
 	for {
 		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("kafkabatch: read the progress of partition %d from the control topic %q: %w", partition, topic, p.base.classify(ctx, ctx.Err()))
+			return nil, fmt.Errorf("kafkabatch: read the progress of partition %d from the control topic %q: %w", partition, topic, p.base.classify(ctx, lim, ctx.Err()))
 		}
 		done := false
 		fs.EachRecord(func(r *kgo.Record) {
@@ -373,6 +382,13 @@ var errNotClaimed = errors.New("millbox: kafkabatch: the partition is not claime
 // the refused records reported (destination.TxAbortedError). A commit that
 // fails, and records refused because another holder fenced this one,
 // leave the outcome to the next ClaimPartition: the producer is closed.
+//
+// The transaction (its records, commit or abort) ends by ctx's deadline
+// (the forwarder's PublishTimeout), DeliveryTimeout or TransactionTimeout
+// after it began, whichever comes first: the brokers abort a transaction
+// open longer than TransactionTimeout, so it could not commit later. A
+// transaction that does not end in time closes the producer, and its
+// outcome is left to the next ClaimPartition.
 func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []destination.TxBatch, progress []byte) error {
 	cl := p.producer(partition)
 	if cl == nil {
@@ -395,8 +411,7 @@ func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []de
 	if len(failed) > 0 {
 		return &destination.TxAbortedError{Failed: failed}
 	}
-	outer := ctx
-	ctx, cancel := context.WithTimeout(ctx, p.base.timeout)
+	ctx, cancel, lim := p.base.boundBy(ctx, limit{p.cfg.TransactionTimeout, "TransactionTimeout"})
 	defer cancel()
 	records = append(records, &kgo.Record{Topic: p.cfg.ControlTopic, Partition: controlPartition, Key: p.progressKey(partition), Value: progress})
 	for _, r := range records {
@@ -417,15 +432,14 @@ func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []de
 	case <-ctx.Done():
 		p.drop(partition, cl)
 		<-results
-		return destination.DestinationUnavailable(fmt.Errorf("kafkabatch: partition %d: no acknowledgement within %v: %s (%w)",
-			partition, p.base.timeout, p.base.conns.describe(), ctx.Err()))
+		return fmt.Errorf("kafkabatch: partition %d: %w", partition, p.base.classify(ctx, lim, ctx.Err()))
 	}
 	var first error
 	for _, res := range produced {
 		if res.Err == nil {
 			continue
 		}
-		err := p.base.classify(ctx, res.Err)
+		err := p.base.classify(ctx, lim, res.Err)
 		if fencedErr(res.Err) {
 			p.drop(partition, cl)
 			return fmt.Errorf("kafkabatch: partition %d: %w: %w", partition, destination.ErrFenced, res.Err)
@@ -439,27 +453,24 @@ func (p *TxPublisher) PublishTx(ctx context.Context, partition int, batches []de
 		}
 	}
 	if len(failed) == 0 && first == nil {
-		cctx, ccancel := context.WithTimeout(outer, p.base.timeout)
-		defer ccancel()
-		if err := cl.EndTransaction(cctx, kgo.TryCommit); err != nil {
+		if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
 			// Committed or not, the next holder of the partition knows
 			// from the progress it reads.
 			p.drop(partition, cl)
 			if fencedErr(err) {
 				err = fmt.Errorf("%w: %w", destination.ErrFenced, err)
 			}
-			return fmt.Errorf("kafkabatch: commit a transaction of partition %d (outcome unknown): %w", partition, p.base.classify(cctx, err))
+			return fmt.Errorf("kafkabatch: commit a transaction of partition %d (outcome unknown): %w", partition, p.base.classify(ctx, lim, err))
 		}
 		return nil
 	}
 	// Nothing of it commits: abort, so that read_committed consumers do
-	// not wait for the transaction timeout. When the abort fails, the
-	// producer is dropped; the partition's next claim aborts it.
-	actx, acancel := context.WithTimeout(context.Background(), p.base.timeout)
-	defer acancel()
-	aerr := cl.AbortBufferedRecords(actx)
+	// not wait for the transaction timeout. When the abort fails (or does
+	// not end in time), the producer is dropped; the partition's next
+	// claim aborts it.
+	aerr := cl.AbortBufferedRecords(ctx)
 	if aerr == nil {
-		aerr = cl.EndTransaction(actx, kgo.TryAbort)
+		aerr = cl.EndTransaction(ctx, kgo.TryAbort)
 	}
 	if aerr != nil {
 		p.drop(partition, cl)
