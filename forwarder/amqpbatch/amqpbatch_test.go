@@ -2,6 +2,7 @@ package amqpbatch_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/millbox/millbox/forwarder/amqpbatch"
@@ -14,5 +15,8 @@ func TestConfigIsValidated(t *testing.T) {
 	}
 	if _, err := amqpbatch.NewPublisher(amqpbatch.Config{URL: "amqp://x", Channels: -1}); !errors.Is(err, destination.ErrInvalidConfig) {
 		t.Fatalf("negative channels: %v", err)
+	}
+	if _, err := amqpbatch.NewPublisher(amqpbatch.Config{URL: "amqp://x", ConfirmTimeout: -1}); !errors.Is(err, destination.ErrInvalidConfig) || !strings.Contains(err.Error(), "ConfirmTimeout") {
+		t.Fatalf("negative ConfirmTimeout: %v", err)
 	}
 }

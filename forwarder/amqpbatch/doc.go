@@ -66,9 +66,15 @@
 // internal error of the queue.
 //
 // Failures of the broker rather than of a message (unreachable, connection
-// lost, no confirmation within Config.ConfirmTimeout) wrap
-// destination.ErrDestinationUnavailable; a nack or a channel closed by the
-// broker (an unknown exchange, a refused permission) does not.
+// lost, no confirmation in time) wrap destination.ErrDestinationUnavailable;
+// a nack or a channel closed by the broker (an unknown exchange, a refused
+// permission) does not.
+//
+// A call's time is that of its context: the forwarder sets the deadline of
+// the messages' context at its PublishTimeout, so a call gives up when the
+// forwarder stops waiting for it. It bounds the wait for a free channel,
+// connecting, opening a channel and the confirmations; Config.ConfirmTimeout,
+// when set, bounds a call further.
 //
 // This package is optional: it is the only part of millbox's library code
 // that imports an AMQP client, and a module of its own, so that the client

@@ -62,11 +62,18 @@
 // sent.
 //
 // Failures of the server rather than of a message (unreachable, connection
-// lost, no answer within Config.Timeout, loading its data after a restart,
-// out of memory, a read-only replica after a failover, a cluster that is
-// down or moving the slot) wrap destination.ErrDestinationUnavailable and say
+// lost, no answer in time, loading its data after a restart, out of
+// memory, a read-only replica after a failover, a cluster that is down or
+// moving the slot) wrap destination.ErrDestinationUnavailable and say
 // which of these happened, so the forwarder pauses behind one probe until
 // the server is back.
+//
+// A call's time is that of its context: the forwarder sets the deadline of
+// the messages' context at its PublishTimeout, so a call gives up when the
+// forwarder stops waiting for it. Config.Timeout, when set, bounds a call
+// further; go-redis lets the deadline reach the connection only with
+// redis.Options.ContextTimeoutEnabled, and otherwise bounds each read and
+// write by the client's ReadTimeout and WriteTimeout.
 //
 // This package is optional: it is the only part of millbox's library code
 // that imports a Redis client, and a module of its own, so that the client

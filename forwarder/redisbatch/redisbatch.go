@@ -17,7 +17,8 @@ import (
 	"github.com/millbox/millbox/forwarder/destination"
 )
 
-// DefaultTimeout bounds one Publish call.
+// DefaultTimeout bounds a call whose context has no deadline, when
+// Config.Timeout is not set.
 const DefaultTimeout = 10 * time.Second
 
 // MaxEntryBytes is the most bytes one field of a stream entry may hold:
@@ -41,10 +42,19 @@ type Config struct {
 	// trims), 0 for no trimming. Trimming drops the oldest entries whether
 	// or not every consumer group has read them. Defaults to no trimming.
 	MaxLen func(topic string) int64
-	// Timeout bounds one Publish call: a call Redis has not answered by
-	// then fails with an error that wraps
-	// destination.ErrDestinationUnavailable, and none of its messages counts
-	// as delivered. Defaults to DefaultTimeout.
+	// Timeout bounds one call when it ends before the call's own
+	// deadline, the deadline of the first message's context
+	// (msgs[0].Context()), which the forwarder sets at its PublishTimeout
+	// so that a call gives up when the forwarder does. A call Redis has
+	// not answered by then fails with an error that wraps
+	// destination.ErrDestinationUnavailable and names the limit, and none
+	// of its messages counts as delivered. The client's own limits apply
+	// as well: go-redis bounds each read and write by the client's
+	// ReadTimeout and WriteTimeout (3 s by default) and lets a context's
+	// deadline reach the connection only with
+	// redis.Options.ContextTimeoutEnabled. Defaults to 0: the call's
+	// deadline alone, and DefaultTimeout for a call whose context has
+	// none.
 	Timeout time.Duration
 }
 
@@ -54,7 +64,7 @@ type Publisher struct {
 	client     redis.UniversalClient
 	marshaller redisstream.Marshaller
 	maxLen     func(topic string) int64
-	timeout    time.Duration
+	timeout    time.Duration // Config.Timeout, 0 for none
 	closed     atomic.Bool
 }
 
@@ -72,21 +82,19 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	if cfg.Marshaller == nil {
 		cfg.Marshaller = redisstream.DefaultMarshallerUnmarshaller{}
 	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
 	return &Publisher{client: cfg.Client, marshaller: cfg.Marshaller, maxLen: cfg.MaxLen, timeout: cfg.Timeout}, nil
 }
 
 // Publish adds msgs to the stream named topic, in order, and waits for
-// Redis's answer.
+// Redis's answer, until the deadline of the first message's context (the
+// forwarder's PublishTimeout) or Config.Timeout, whichever ends first.
 //
 // It returns nil when every message was added. Otherwise it returns a
 // *destination.PartialError when a prefix of msgs was added, or a plain
 // error when none was; either way no message after the first failed one
 // was added (see the package doc). Failures of the server rather than of
-// a message (unreachable, connection lost, no answer within Timeout,
-// loading, out of memory, read-only replica) wrap
+// a message (unreachable, connection lost, no answer in time, loading,
+// out of memory, read-only replica) wrap
 // destination.ErrDestinationUnavailable.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
@@ -107,7 +115,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 		entries = append(entries, e)
 	}
-	added, err := p.add(topic, msgs, entries)
+	added, err := p.add(msgs[0].Context(), topic, msgs, entries)
 	switch {
 	case err == nil && stop == nil:
 		return nil
@@ -144,13 +152,39 @@ func (p *Publisher) entry(topic string, m *message.Message) (map[string]any, err
 	return e, nil
 }
 
+// limit is what bounds a call: a duration and the setting it comes from,
+// for errors.
+type limit struct {
+	d    time.Duration
+	name string
+}
+
+func (l limit) String() string { return fmt.Sprintf("%v (%s)", l.d.Round(time.Millisecond), l.name) }
+
+// bound returns the context of a call made with ctx: it ends at ctx's
+// deadline or Timeout, whichever is first (DefaultTimeout when neither is
+// set), and when ctx ends.
+func (p *Publisher) bound(ctx context.Context) (context.Context, context.CancelFunc, limit) {
+	now := time.Now()
+	if d, ok := ctx.Deadline(); ok && (p.timeout == 0 || d.Before(now.Add(p.timeout))) {
+		ctx, cancel := context.WithCancel(ctx)
+		return ctx, cancel, limit{max(d.Sub(now), 0), "the call's deadline"}
+	}
+	lim := limit{p.timeout, "Timeout"}
+	if lim.d == 0 {
+		lim = limit{DefaultTimeout, "DefaultTimeout"}
+	}
+	ctx, cancel := context.WithTimeout(ctx, lim.d)
+	return ctx, cancel, lim
+}
+
 // add runs MULTI, one XADD per entry, EXEC, and returns how many leading
 // entries Redis added and, when that is not all, why the next one failed.
-func (p *Publisher) add(topic string, msgs []*message.Message, entries []map[string]any) (int, error) {
+func (p *Publisher) add(ctx context.Context, topic string, msgs []*message.Message, entries []map[string]any) (int, error) {
 	if len(entries) == 0 {
 		return 0, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	ctx, cancel, lim := p.bound(ctx)
 	defer cancel()
 	var maxLen int64
 	if p.maxLen != nil {
@@ -179,17 +213,22 @@ func (p *Publisher) add(topic string, msgs []*message.Message, entries []map[str
 		err = errors.New("no answer to the command")
 	}
 	return added, fmt.Errorf("millbox: redisbatch: %d of %d messages not added to stream %s, first %s: %w",
-		len(entries)-added, len(entries), topic, msgs[added].UUID, p.classify(err))
+		len(entries)-added, len(entries), topic, msgs[added].UUID, p.classify(ctx, lim, err))
 }
 
-// classify tells a failure of the server from a failure of a message.
-func (p *Publisher) classify(err error) error {
+// classify tells a failure of the server from a failure of a message; ctx
+// is the call's, bounded by lim.
+func (p *Publisher) classify(ctx context.Context, lim limit, err error) error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, redis.ErrClosed) || p.closed.Load():
 		return fmt.Errorf("%w: %w", destination.ErrClosed, err)
-	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
-		return destination.DestinationUnavailable(fmt.Errorf("no answer in time: %w", err))
+	case errors.Is(ctx.Err(), context.Canceled):
+		return fmt.Errorf("the call's context was cancelled: %w", err)
+	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout() && past(ctx)):
+		return destination.DestinationUnavailable(fmt.Errorf("no answer within %v: %w", lim, err))
+	case errors.As(err, &ne) && ne.Timeout():
+		return destination.DestinationUnavailable(fmt.Errorf("no answer in time (the client's read or write timeout): %w", err))
 	case errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
 		return destination.DestinationUnavailable(fmt.Errorf("server unreachable or connection lost: %w", err))
@@ -202,6 +241,13 @@ func (p *Publisher) classify(err error) error {
 		}
 	}
 	return err
+}
+
+// past tells whether ctx's deadline has passed; a connection's deadline
+// set to it can end a read before ctx's own timer fires.
+func past(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || (ok && !time.Now().Before(d))
 }
 
 // serverStates are the Redis errors that every message would get until
