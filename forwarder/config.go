@@ -121,7 +121,9 @@ type Config struct {
 	// or with ExactlyOnce a transaction (TxDestination.PublishTx). The
 	// forwarder sets it as the deadline of the call's context (the
 	// messages' context, or PublishTx's), so a destination derives its own
-	// timeouts from it. A call that has not returned by then counts as
+	// timeouts from it (kafkabatch, amqpbatch and redisbatch do) and
+	// returns its own error then. A call that has not returned shortly
+	// after (a tenth of PublishTimeout, between 50 ms and 1 s) counts as
 	// failed: a Publish call as a failed attempt of its first message
 	// (with backoff), a transaction as one whose outcome is unknown (its
 	// partition is claimed again). Its keys stay held until the call

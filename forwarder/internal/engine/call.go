@@ -44,6 +44,14 @@ const (
 	eventTx // a lane's part of a transaction (txn.go)
 )
 
+// timeoutGrace is how long after its context's deadline a call may take
+// to return before it counts as timed out: a destination that honours
+// the deadline returns with its own error (a broker that did not answer,
+// which opens the breaker), not as a call that hung.
+func timeoutGrace(d time.Duration) time.Duration {
+	return min(max(d/10, 50*time.Millisecond), time.Second)
+}
+
 // errPublishTimeout is what a call that passed PublishTimeout counts as.
 var errPublishTimeout = errors.New("publish timed out")
 
@@ -59,7 +67,9 @@ func (e *Engine) runCall(c *call) { e.run([]*call{c}, nil, nil) }
 // It turns the rows into messages, starts the call's span, and bounds the
 // call with PublishTimeout: when that passes, the call's context is
 // cancelled (the messages' context, or PublishTx's) and the loop hears of
-// the timeout at once, and of the call's return when it comes, so that a
+// the timeout (a short grace after the deadline, for a destination that
+// honours it to return its own error) at once, and of the call's return
+// when it comes, so that a
 // key whose call hangs stays held without holding up the rest. Then it
 // records the call's metrics and reports its outcome to the loop, unless
 // the engine stopped meanwhile: it does not wait for calls past
@@ -93,7 +103,7 @@ func (e *Engine) run(calls []*call, tc *txCall, progress []byte) {
 	if len(msgs) > 0 {
 		pctx, end := e.obs.StartSend(context.Background(), topics[0], msgs)
 		ctx, cancel := context.WithTimeout(pctx, e.cfg.PublishTimeout)
-		timer := time.AfterFunc(e.cfg.PublishTimeout, func() {
+		timer := time.AfterFunc(e.cfg.PublishTimeout+timeoutGrace(e.cfg.PublishTimeout), func() {
 			if fl.timeOut() {
 				cause := fmt.Errorf("%w: the destination did not return within PublishTimeout %v", errPublishTimeout, e.cfg.PublishTimeout)
 				if tc == nil {
