@@ -77,6 +77,86 @@ func Faults(t *testing.T, env Env) {
 		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
 	})
 
+	// A destination that gives up at its context's deadline
+	// (PublishTimeout), saying the broker did not answer, reports an
+	// outage: the forwarder pauses behind a probe and counts no attempt,
+	// rather than counting a timeout for every key it raced.
+	t.Run("DeadlineHonouringDestinationCountsNoAttempt", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		var down atomic.Bool
+		down.Store(true)
+		var calls atomic.Int32
+		rec.SetReject(func(_ string, m *message.Message) error {
+			if !down.Load() {
+				return nil
+			}
+			calls.Add(1)
+			<-m.Context().Done()
+			return forwarder.DestinationUnavailable(fmt.Errorf("no answer: %w", m.Context().Err()))
+		})
+		var failures atomic.Int32
+		cfg := base(t, d, rec)
+		cfg.PublishTimeout = 100 * time.Millisecond
+		cfg.Hooks.OnFailure = func(forwarder.FailedAttempt) { failures.Add(1) }
+		StartForwarder(t, cfg)
+		WriteKeyed(t, ctx, src, d, "t", 5, 4, 2, 1)
+		deadline := time.Now().Add(60 * time.Second)
+		for calls.Load() < 10 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := calls.Load(); n < 10 {
+			t.Fatalf("%d calls in a minute; want probes to go on", n)
+		}
+		down.Store(false)
+		rec.WaitFor(t, 20, 60*time.Second)
+		if n := failures.Load(); n > 0 {
+			t.Fatalf("%d failed attempts recorded for calls that returned at their deadline with the destination unavailable; want none", n)
+		}
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	})
+
+	// A probe of a destination that is down may hang past
+	// PublishTimeout: that probe failed, and the next probe goes out (to
+	// another key: the hung call's key waits for it to return). Before,
+	// the breaker waited for the hung probe's answer forever.
+	t.Run("ProbePastPublishTimeoutProbesAgain", func(t *testing.T) {
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		release := make(chan struct{})
+		var releaseOnce sync.Once
+		t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+		var down atomic.Bool
+		down.Store(true)
+		var calls atomic.Int32
+		rec.SetReject(func(_ string, m *message.Message) error {
+			if !down.Load() {
+				return nil
+			}
+			if calls.Add(1) <= 5 {
+				// The outage shows: the breaker opens.
+				return forwarder.DestinationUnavailable(errors.New("connection refused"))
+			}
+			<-release // the probes hang, past PublishTimeout
+			return forwarder.DestinationUnavailable(errors.New("connection refused"))
+		})
+		cfg := base(t, d, rec)
+		cfg.PublishTimeout = 100 * time.Millisecond
+		StartForwarder(t, cfg)
+		WriteKeyed(t, ctx, src, d, "t", 5, 4, 2, 1)
+		deadline := time.Now().Add(60 * time.Second)
+		for calls.Load() < 8 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := calls.Load(); n < 8 {
+			t.Fatalf("%d calls in a minute: the forwarder stopped probing after a probe hung past PublishTimeout", n)
+		}
+		down.Store(false)
+		releaseOnce.Do(func() { close(release) })
+		rec.WaitFor(t, 20, 60*time.Second)
+		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+	})
+
 	t.Run("TimedOutCallNeverLetsItsKeyMoveOn", func(t *testing.T) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()

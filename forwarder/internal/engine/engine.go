@@ -470,10 +470,18 @@ func (e *Engine) onCall(ev callEvent) {
 	e.progress, e.lastStir = true, time.Now()
 	if ev.kind == eventTimeout {
 		// The call may still succeed; until it returns, the key must not
-		// move. Count the attempt as failed and free its slot.
+		// move. Free its slot, and count the attempt as failed unless the
+		// destination is known to be down: a probe that hangs is a failed
+		// probe, and the next one goes to another key.
 		e.active--
 		l.hung = true
 		e.obs.Error(ev.err)
+		if c.probe || e.breaker.open {
+			if c.probe {
+				e.scheduleProbe(true)
+			}
+			return
+		}
 		e.fail(l, c.rows[0], ev.err)
 		return
 	}
