@@ -78,7 +78,10 @@ type Dialect interface {
 	// they were written, in one transaction (its own when e is a DB, a
 	// savepoint of e's otherwise). The moved rows are ordinary outbox
 	// inserts with new ids: they go after every row already in the outbox.
-	// Concurrent callers never move the same row twice. It reports how many
+	// Concurrent callers never move the same row twice, and take turns: a
+	// call waits for a concurrent call's transaction to end and then moves
+	// the rows due after that one's, so the rows of a key reach the outbox
+	// in due order however many forwarder instances move. It reports how many
 	// it moved and the due time of the earliest message still scheduled
 	// (zero when none is).
 	MoveDue(ctx context.Context, e Executor, now time.Time, limit int) (moved int64, next time.Time, err error)

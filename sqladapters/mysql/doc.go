@@ -76,7 +76,10 @@
 // it nowhere: the forwarder's exclusivity comes from partition leases kept
 // in lease columns (owner, expires_at) that one UPDATE ... ORDER BY ...
 // LIMIT claims. With SkipLocked set, claims skip lease rows that another
-// instance is claiming at that moment instead of waiting for it.
+// instance is claiming at that moment instead of waiting for it. The move
+// of due scheduled messages never skips: concurrent moves wait for each
+// other at the earliest due row, so a key's delayed messages reach the
+// outbox in due order.
 //
 // # Tables
 //

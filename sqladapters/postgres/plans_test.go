@@ -613,7 +613,7 @@ func TestPlanPendingReadIgnoresScheduledRows(t *testing.T) {
 	}
 
 	for name, q := range map[string]sqladapters.Query{
-		"MoveDue": b.(sqlstore.DueMover).MoveDue(time.Now(), 1000)[0],
+		"MoveDue": b.MoveDue(time.Now(), 1000).Move(nil)[0],
 		"NextDue": b.NextDue(),
 	} {
 		top, text := explain(q)

@@ -81,16 +81,17 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 			qs[fmt.Sprint(name, i)] = q
 		}
 	}
-	if m, ok := d.(sqlstore.DueMover); ok {
-		for i, q := range m.MoveDue(time.Now(), 10) {
-			qs[fmt.Sprint("MoveDue", i)] = q
-		}
+	move := d.MoveDue(time.Now(), 10)
+	if move.Lock.SQL != "" {
+		qs["MoveDueLock"] = move.Lock
 	}
-	if c, ok := d.(sqlstore.DueClaimer); ok {
-		qs["ClaimDue"] = c.ClaimDue(time.Now(), 10)
-		for i, q := range c.MoveClaimed([]int64{1, 2}) {
-			qs[fmt.Sprint("MoveClaimed", i)] = q
-		}
+	var claimed []int64
+	if move.Claim.SQL != "" {
+		qs["ClaimDue"] = move.Claim
+		claimed = []int64{1, 2}
+	}
+	for i, q := range move.Move(claimed) {
+		qs[fmt.Sprint("MoveDue", i)] = q
 	}
 	if s, ok := d.(sqlstore.PendingReadSetup); ok {
 		for i, q := range s.PendingReadSetup() {

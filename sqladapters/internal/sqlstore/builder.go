@@ -69,6 +69,14 @@ type Builder interface {
 	// microseconds since the Unix epoch (one bigint column, NULL when
 	// none is scheduled).
 	NextDue() sqladapters.Query
+	// MoveDue returns the move of up to limit scheduled rows due at or
+	// before now, earliest due first and, for equal due times, by id.
+	MoveDue(now time.Time, limit int) DueMove
+	// RetryMove tells that err, which ended a move's transaction, was a
+	// conflict between concurrent moves that the database resolved by
+	// rolling one of them back (a deadlock): the move runs again. False
+	// where moves never conflict.
+	RetryMove(err error) bool
 
 	// SelectPending returns columns id, topic, uuid, payload, metadata,
 	// key (NULL when empty), attempts, in id order, leaving out
@@ -181,38 +189,32 @@ type Builder interface {
 	DeleteInboxBefore(t time.Time, limit int) sqladapters.Query
 }
 
-// DueMover is implemented by a Builder that moves scheduled rows without
-// reading their ids first. Every Builder implements DueMover or
-// DueClaimer.
-type DueMover interface {
-	// MoveDue moves up to limit scheduled rows due at or before now into
-	// the outbox, ordered by due time and id, so that outbox ids follow
-	// that order (see Steps: the first statement reports the rows moved).
-	// Concurrent moves never move a row twice.
-	MoveDue(now time.Time, limit int) []sqladapters.Query
-}
-
-// DueClaimer is implemented by a Builder whose database moves scheduled
-// rows in steps that need their ids (no DELETE ... RETURNING feeding an
-// INSERT). The store runs ClaimDue and then MoveClaimed in one
-// transaction.
-type DueClaimer interface {
-	// ClaimDue selects and locks the ids (one bigint column) of up to
-	// limit scheduled rows due at or before now, by due time and id,
-	// skipping rows another transaction holds where the database can.
-	ClaimDue(now time.Time, limit int) sqladapters.Query
-	// MoveClaimed inserts the rows with the given ids into the outbox, by
-	// due time and id, and deletes them from the scheduled table (ids is
-	// never empty).
-	MoveClaimed(ids []int64) []sqladapters.Query
-	// RetryMove tells that err, which ended a move's transaction, was a
-	// conflict between concurrent moves that the database resolved by
-	// rolling one of them back (a deadlock): the move runs again.
-	RetryMove(err error) bool
+// DueMove is one move of due scheduled rows into the outbox, which the
+// store runs in one transaction (a savepoint of the caller's when it is
+// given one): Lock, then Claim where it is set, then Move.
+type DueMove struct {
+	// Lock, where set, makes the move wait for any other move of the same
+	// outbox until that move's transaction ends, and holds the others off
+	// until this one's ends. So the rows of a key move in due order however
+	// many forwarder instances move at once: one move's rows take their
+	// outbox ids, and commit, before the next move takes the rows due
+	// after them. It is a zero Query where the move's own statements
+	// serialize moves (see the databases' MoveDue).
+	Lock sqladapters.Query
+	// Claim, where set, selects and locks the ids (one bigint column) of
+	// the rows to move, by due time and id: a database whose move needs
+	// the ids (no DELETE ... RETURNING feeding an INSERT).
+	Claim sqladapters.Query
+	// Move returns the statements that move the rows into the outbox by
+	// due time and id, so that outbox ids follow that order, and delete
+	// them from the scheduled table; the first statement reports the rows
+	// moved. Where Claim is set it gets the claimed ids (never empty),
+	// otherwise nil. Concurrent moves never move a row twice.
+	Move func(ids []int64) []sqladapters.Query
 }
 
 // moveAttempts bounds the runs of one move that concurrent moves roll
-// back (DueClaimer.RetryMove).
+// back (Builder.RetryMove).
 const moveAttempts = 5
 
 // HighWaterMark is implemented by a Builder that can tell cheaply whether

@@ -483,36 +483,19 @@ func (s *Store) MoveDue(ctx context.Context, e sqladapters.Executor, now time.Ti
 		return 0, time.Time{}, fmt.Errorf("MoveDue: limit %d must be positive", limit)
 	}
 	now = now.Truncate(time.Microsecond)
+	move := s.b.MoveDue(now, limit)
+	_, ownTx := e.(sqladapters.DB)
 	var (
 		moved int64
 		err   error
 	)
-	if m, ok := s.b.(DueMover); ok {
-		moved, err = s.steps(ctx, e, m.MoveDue(now, limit))
-	} else if c, ok := s.b.(DueClaimer); ok {
-		_, ownTx := e.(sqladapters.DB)
-		for attempt := 1; ; attempt++ {
-			moved, err = s.inTx(ctx, e, func(ex sqladapters.Executor) (int64, error) {
-				var ids []int64
-				err := s.query(ctx, ex, c.ClaimDue(now, limit), func(r sqladapters.Rows) error {
-					var id int64
-					err := r.Scan(&id)
-					ids = append(ids, id)
-					return err
-				})
-				if err != nil || len(ids) == 0 {
-					return 0, err
-				}
-				return s.run(ctx, ex, c.MoveClaimed(ids))
-			})
-			// A caller's transaction that a deadlock rolled back cannot
-			// run the move again; a transaction of the store's own can.
-			if err == nil || !ownTx || attempt == moveAttempts || !c.RetryMove(err) || ctx.Err() != nil {
-				break
-			}
+	for attempt := 1; ; attempt++ {
+		moved, err = s.inTx(ctx, e, func(ex sqladapters.Executor) (int64, error) { return s.move(ctx, ex, move) })
+		// A caller's transaction that a deadlock rolled back cannot run
+		// the move again; a transaction of the store's own can.
+		if err == nil || !ownTx || attempt == moveAttempts || !s.b.RetryMove(err) || ctx.Err() != nil {
+			break
 		}
-	} else {
-		return 0, time.Time{}, fmt.Errorf("%w: %s cannot move scheduled messages", errors.ErrUnsupported, s.b.Name())
 	}
 	if err != nil {
 		return 0, time.Time{}, err
@@ -522,6 +505,29 @@ func (s *Store) MoveDue(ctx context.Context, e sqladapters.Executor, now time.Ti
 		return moved, time.Time{}, err
 	}
 	return moved, epochMicros(next), nil
+}
+
+// move runs m in the transaction ex and reports the rows it moved.
+func (s *Store) move(ctx context.Context, ex sqladapters.Executor, m DueMove) (int64, error) {
+	if m.Lock.SQL != "" {
+		if _, err := m.Lock.Exec(ctx, ex); err != nil {
+			return 0, fmt.Errorf("wait for concurrent moves: %w", s.ClassifyError(err))
+		}
+	}
+	if m.Claim.SQL == "" {
+		return s.run(ctx, ex, m.Move(nil))
+	}
+	var ids []int64
+	err := s.query(ctx, ex, m.Claim, func(r sqladapters.Rows) error {
+		var id int64
+		err := r.Scan(&id)
+		ids = append(ids, id)
+		return err
+	})
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	return s.run(ctx, ex, m.Move(ids))
 }
 
 // epochMicros is the time of microseconds since the Unix epoch, zero for
