@@ -1,7 +1,10 @@
 package dialecttest
 
 import (
+	"errors"
 	"fmt"
+	"strings"
+	"testing"
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
@@ -134,4 +137,50 @@ func addOperations(qs map[string]sqladapters.Query, d sqlstore.Builder) {
 	qs["SelectForwardedIDs"] = d.SelectForwardedIDs(now, 0, 10)
 	qs["DeleteForwarded"] = d.DeleteForwarded([]int64{1, 2})
 	qs["CountInboxBefore"] = d.CountInboxBefore(now)
+}
+
+// CheckNameClashes checks that build, a dialect's constructor, refuses
+// every pair of table names that leads two of the names the migrations
+// create to one: an inbox table named as any table, index or sequence of
+// the outbox's (a partition's name where the builder lists partitions),
+// and an outbox table named as the inbox's indexes, upper-cased too where
+// the database folds case. The error wraps sqladapters.ErrInvalidName and
+// names the name.
+func CheckNameClashes(t *testing.T, build func(outbox, inbox string) (sqladapters.Dialect, error), fold bool) {
+	t.Helper()
+	const outbox, inbox = "events", "seen"
+	d, err := build(outbox, inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(o, i, name string) {
+		t.Helper()
+		_, err := build(o, i)
+		if !errors.Is(err, sqladapters.ErrInvalidName) || !strings.Contains(err.Error(), "both lead to") || !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(name)) {
+			t.Errorf("OutboxTable %q and InboxTable %q: %v; want ErrInvalidName naming %q", o, i, err, name)
+		}
+	}
+	n := 0
+	for _, obj := range Builder(d).Objects() {
+		name := obj.Name
+		if obj.Prefix {
+			name += "20250101_0000"
+		}
+		switch {
+		case name == inbox:
+		case strings.HasPrefix(name, inbox+"_"):
+			if !obj.Table {
+				refused(name, inbox, name)
+			}
+		default:
+			refused(outbox, name, name)
+			if fold {
+				refused(outbox, strings.ToUpper(name), name)
+			}
+		}
+		n++
+	}
+	if n < 2 {
+		t.Fatalf("the builder lists %d objects", n)
+	}
 }

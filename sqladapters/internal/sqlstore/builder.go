@@ -44,6 +44,10 @@ type Builder interface {
 	// column; a zero Query where the database has none, SQLite).
 	Schema() (name string, current sqladapters.Query)
 
+	// Objects lists every name the migrations give a table, index or
+	// sequence (see Object), the tables first in the order the dialect's
+	// Tables reports them.
+	Objects() []Object
 	// Migrations lists every migration in version order.
 	Migrations() []sqladapters.Migration
 	// LockMigrations returns the statement that serializes concurrent
