@@ -395,10 +395,10 @@ func (d *sqlDialect) MaxMessageBytes() int { return (d.opts.MaxAllowedPacket - p
 // INSERTs under: a failed INSERT undoes only itself in MySQL, so without
 // the savepoint the earlier INSERTs of a failed call would stay in the
 // transaction.
-func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query) {
+func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query, ok bool) {
 	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
-		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
+		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}, true
 }
 
 // DetectMaxAllowedPacket reads the server's max_allowed_packet through e.

@@ -231,16 +231,16 @@ func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqlada
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.
-func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) (sqladapters.Query, bool) {
 	s := d.SelectPending(q)
 	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
-	return s
+	return s, true
 }
 
 // HighWaterMark returns the largest id in the outbox: the rightmost entry
 // of the table's b-tree.
-func (d *sqlDialect) HighWaterMark() sqladapters.Query {
-	return sqladapters.Query{SQL: `SELECT coalesce(max(id), 0) FROM ` + d.outbox}
+func (d *sqlDialect) HighWaterMark() (sqladapters.Query, bool) {
+	return sqladapters.Query{SQL: `SELECT coalesce(max(id), 0) FROM ` + d.outbox}, true
 }
 
 // timeFormat is the text form of now: strftime('%Y-%m-%dT%H:%M:%fZ').

@@ -26,13 +26,15 @@ func Builder(d sqladapters.Dialect) sqlstore.Builder {
 // the forwarder runs. It panics for a builder that reads no ages.
 func PendingReads(d sqladapters.Dialect) map[string]func(sqladapters.PendingQuery) sqladapters.Query {
 	b := Builder(d)
-	ages, ok := b.(sqlstore.PendingAges)
-	if !ok {
+	if _, ok := b.SelectPendingWithAge(sqladapters.PendingQuery{}); !ok {
 		panic(fmt.Sprintf("dialecttest: the builder %T reads no ages", b))
 	}
 	return map[string]func(sqladapters.PendingQuery) sqladapters.Query{
-		"SelectPending":        b.SelectPending,
-		"SelectPendingWithAge": ages.SelectPendingWithAge,
+		"SelectPending": b.SelectPending,
+		"SelectPendingWithAge": func(q sqladapters.PendingQuery) sqladapters.Query {
+			s, _ := b.SelectPendingWithAge(q)
+			return s
+		},
 	}
 }
 
@@ -96,10 +98,20 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 	for i, q := range move.Move(claimed) {
 		qs[fmt.Sprint("MoveDue", i)] = q
 	}
-	if s, ok := d.(sqlstore.PendingReadSetup); ok {
-		for i, q := range s.PendingReadSetup() {
-			qs[fmt.Sprint("PendingReadSetup", i)] = q
+	for name, declared := range map[string]func() (sqladapters.Query, bool){
+		"HighWaterMark":  d.HighWaterMark,
+		"PendingHorizon": d.PendingHorizon,
+		"NotifyProbe":    d.NotifyProbe,
+		"DeleteInboxRange": func() (sqladapters.Query, bool) {
+			return d.DeleteInboxRange(time.Now().Add(-time.Hour), time.Now(), 10)
+		},
+	} {
+		if q, ok := declared(); ok {
+			qs[name] = q
 		}
+	}
+	for i, q := range d.PendingReadSetup() {
+		qs[fmt.Sprint("PendingReadSetup", i)] = q
 	}
 	for i, q := range d.EnsurePartitions(4) {
 		qs[fmt.Sprint("EnsurePartitions", i)] = q

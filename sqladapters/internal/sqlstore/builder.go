@@ -191,6 +191,55 @@ type Builder interface {
 	InsertInbox(consumer, messageID string) sqladapters.Query
 	// DeleteInboxBefore deletes at most limit rows received before t.
 	DeleteInboxBefore(t time.Time, limit int) sqladapters.Query
+
+	// What follows are the operations not every database has. A Builder
+	// declares each of them, answering false (or nil) where its database
+	// lacks it, so that what a database can do is said in its own code,
+	// checked by the compiler, and never guessed by the store.
+
+	// HighWaterMark selects one integer that grows with every outbox
+	// insert, cheap to read (Features.HighWaterMark); false where the
+	// database has none.
+	HighWaterMark() (sqladapters.Query, bool)
+	// PendingHorizon selects one row of Mark, XMin, XID, RetryMin,
+	// HoldMin and the number of ids the id sequence hands a session at
+	// once (Features.Horizon); false where the database cannot. Its
+	// outbox insert must take the transaction's id before the row's id.
+	PendingHorizon() (sqladapters.Query, bool)
+	// SelectPendingWithAge is SelectPending with a ninth column: each
+	// row's age in microseconds by the database's clock; false where the
+	// read cannot tell ages.
+	SelectPendingWithAge(q sqladapters.PendingQuery) (sqladapters.Query, bool)
+	// PendingReadSetup returns the transaction-local settings a read of a
+	// large backlog needs: such a read runs in a read-only transaction
+	// after them. None where the read needs none.
+	PendingReadSetup() []sqladapters.Query
+	// MaxMessageBytes is the largest message the database stores,
+	// counting its topic, UUID, payload, metadata and ordering key; 0
+	// where it stores messages of every size.
+	MaxMessageBytes() int
+	// Savepoint returns the statements that set a savepoint, roll back
+	// to it and release it; false where the database cannot undo part of
+	// a transaction.
+	Savepoint() (set, rollback, release sqladapters.Query, ok bool)
+	// NotifyProbe notifies the outbox's channel, so that a listener can
+	// check that notifications arrive; false where the database has no
+	// notifications.
+	NotifyProbe() (sqladapters.Query, bool)
+	// DeleteInboxRange deletes up to limit inbox rows received at or
+	// after from and before before, oldest first, and returns one row:
+	// the number deleted and the latest received_at among them (from
+	// when none). False where deleted rows leave the received_at index at
+	// once, so that DeleteInboxBefore serves as well.
+	DeleteInboxRange(from, before time.Time, limit int) (sqladapters.Query, bool)
+	// Logical returns the statements of the change-data-capture source,
+	// nil where the database cannot stream its changes
+	// (Features.LogicalReplication).
+	Logical() Logical
+	// FingerprintBackfill returns the statements that fingerprint errors
+	// recorded before the database stored fingerprints, nil where the
+	// database hashes them in SQL in the migration itself.
+	FingerprintBackfill() FingerprintBackfill
 }
 
 // DueMove is one move of due scheduled rows into the outbox, which the
@@ -221,67 +270,8 @@ type DueMove struct {
 // back (Builder.RetryMove).
 const moveAttempts = 5
 
-// HighWaterMark is implemented by a Builder that can tell cheaply whether
-// rows were added to the outbox: one integer that grows with every insert.
-type HighWaterMark interface {
-	HighWaterMark() sqladapters.Query
-}
-
-// PendingHorizon is implemented by a Builder that can report a Horizon:
-// one row of Mark, XMin, XID, RetryMin, HoldMin and the number of ids the
-// id sequence hands a session at once. Its outbox insert must take the
-// transaction's id before the row's id.
-type PendingHorizon interface {
-	PendingHorizon() sqladapters.Query
-}
-
-// PendingAges is implemented by a Builder whose pending read can return
-// each row's age: SelectPending's columns and a ninth, the age in
-// microseconds by the database's clock.
-type PendingAges interface {
-	SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query
-}
-
-// PendingReadSetup is implemented by a Builder whose reads of a large
-// backlog need transaction-local settings: a backlog read runs in a
-// read-only transaction after these statements.
-type PendingReadSetup interface {
-	PendingReadSetup() []sqladapters.Query
-}
-
-// MessageLimiter is implemented by a Builder whose database cannot store
-// messages of every size.
-type MessageLimiter interface {
-	// MaxMessageBytes is the largest message the database stores,
-	// counting its topic, UUID, payload, metadata and ordering key.
-	MaxMessageBytes() int
-}
-
-// Savepointer is implemented by a Builder whose database can undo part of
-// a transaction.
-type Savepointer interface {
-	// Savepoint returns the statements that set the savepoint, roll back
-	// to it and release it.
-	Savepoint() (set, rollback, release sqladapters.Query)
-}
-
-// NotifyProber is implemented by a Builder that can notify its own
-// channel, so that a listener can check that notifications arrive.
-type NotifyProber interface {
-	NotifyProbe() sqladapters.Query
-}
-
-// InboxRangeDeleter is implemented by a Builder whose deleted inbox rows
-// stay in the received_at index until vacuum. Its query deletes up to
-// limit rows received at or after from and before before, oldest first,
-// and returns one row: the number deleted and the latest received_at among
-// them (from when none).
-type InboxRangeDeleter interface {
-	DeleteInboxRange(from, before time.Time, limit int) sqladapters.Query
-}
-
-// Logical is implemented by a Builder whose database streams the outbox's
-// changes through logical replication: the statements of the
+// Logical is what Builder.Logical returns where the database streams the
+// outbox's changes through logical replication: the statements of the
 // change-data-capture source (sqladapters.Logical). Positions (LSNs) are
 // selected as decimal numbers, transaction ids as bigint.
 type Logical interface {
@@ -337,9 +327,10 @@ type Logical interface {
 	IsDuplicateObject(err error) bool
 }
 
-// FingerprintBackfill is implemented by a Builder whose database cannot
-// hash in SQL: Migrate fingerprints the errors of the rows that failed
-// before migration FingerprintVersion, right after applying it.
+// FingerprintBackfill is what Builder.FingerprintBackfill returns where
+// the database cannot hash in SQL: Migrate fingerprints the errors of the
+// rows that failed before migration FingerprintVersion, right after
+// applying it.
 type FingerprintBackfill interface {
 	FingerprintVersion() int
 	// UnfingerprintedErrors selects id and last error of up to limit

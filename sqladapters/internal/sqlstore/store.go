@@ -51,9 +51,9 @@ func (s *Store) Name() string { return s.b.Name() }
 // Features implements sqladapters.Dialect.
 func (s *Store) Features() sqladapters.Features {
 	f := s.b.Features()
-	_, f.HighWaterMark = s.b.(HighWaterMark)
-	_, f.Horizon = s.b.(PendingHorizon)
-	_, f.LogicalReplication = s.b.(Logical)
+	_, f.HighWaterMark = s.b.HighWaterMark()
+	_, f.Horizon = s.b.PendingHorizon()
+	f.LogicalReplication = s.b.Logical() != nil
 	return f
 }
 
@@ -116,7 +116,7 @@ func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sql
 				return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
 			}
 		}
-		if fb, ok := s.b.(FingerprintBackfill); ok && m.Version == fb.FingerprintVersion() {
+		if fb := s.b.FingerprintBackfill(); fb != nil && m.Version == fb.FingerprintVersion() {
 			if err := s.backfillFingerprints(ctx, tx, fb); err != nil {
 				return fmt.Errorf("migration %d (%s): fingerprint recorded errors: %w", m.Version, m.Name, err)
 			}
@@ -196,12 +196,7 @@ func scanApplied(ctx context.Context, e sqladapters.Executor, q sqladapters.Quer
 }
 
 // MaxMessageBytes implements sqladapters.Dialect.
-func (s *Store) MaxMessageBytes() int {
-	if l, ok := s.b.(MessageLimiter); ok {
-		return l.MaxMessageBytes()
-	}
-	return 0
-}
+func (s *Store) MaxMessageBytes() int { return s.b.MaxMessageBytes() }
 
 // InsertOutbox implements sqladapters.Dialect. Several statements run
 // under a savepoint where the database has them, so that a failure in a
@@ -230,7 +225,7 @@ func (s *Store) InsertOutbox(ctx context.Context, tx sqladapters.Executor, msgs 
 	if len(later) > 0 {
 		qs = append(qs, s.b.InsertScheduled(later)...)
 	}
-	sp, ok := s.b.(Savepointer)
+	set, rollback, release, ok := s.b.Savepoint()
 	if len(qs) == 1 || !ok {
 		for _, q := range qs {
 			if _, err := q.Exec(ctx, tx); err != nil {
@@ -239,7 +234,6 @@ func (s *Store) InsertOutbox(ctx context.Context, tx sqladapters.Executor, msgs 
 		}
 		return nil
 	}
-	set, rollback, release := sp.Savepoint()
 	if _, err := set.Exec(ctx, tx); err != nil {
 		return s.ClassifyError(err)
 	}
@@ -273,21 +267,20 @@ func (s *Store) ReadPending(ctx context.Context, e sqladapters.Executor, q sqlad
 		q.Limit = min(q.Limit+len(q.Exclude), maxReadLimit)
 	}
 	on := e
-	setup, ok := s.b.(PendingReadSetup)
-	if db, isDB := e.(sqladapters.DB); ok && isDB && backlog {
-		tx, err := s.readTx(ctx, db, setup.PendingReadSetup())
+	setup := s.b.PendingReadSetup()
+	if db, isDB := e.(sqladapters.DB); len(setup) > 0 && isDB && backlog {
+		tx, err := s.readTx(ctx, db, setup)
 		if err != nil {
 			return nil, s.ClassifyError(err)
 		}
 		defer sqladapters.Rollback(tx)
 		on = tx
 	}
-	sel := s.b.SelectPending
-	ages, withAge := s.b.(PendingAges)
-	if withAge {
-		sel = ages.SelectPendingWithAge
+	sel, withAge := s.b.SelectPendingWithAge(q)
+	if !withAge {
+		sel = s.b.SelectPending(q)
 	}
-	rows, err := sel(q).Query(ctx, on)
+	rows, err := sel.Query(ctx, on)
 	if err != nil {
 		return nil, s.ClassifyError(err)
 	}
@@ -389,11 +382,10 @@ func (s *Store) inTx(ctx context.Context, e sqladapters.Executor, run func(sqlad
 		}
 		return n, s.ClassifyError(tx.Commit(ctx))
 	}
-	sp, ok := s.b.(Savepointer)
+	set, rollback, release, ok := s.b.Savepoint()
 	if !ok {
 		return run(e)
 	}
-	set, rollback, release := sp.Savepoint()
 	if _, err := set.Exec(ctx, e); err != nil {
 		return 0, s.ClassifyError(err)
 	}
@@ -407,8 +399,8 @@ func (s *Store) inTx(ctx context.Context, e sqladapters.Executor, run func(sqlad
 
 // Logical implements sqladapters.Dialect.
 func (s *Store) Logical() sqladapters.Logical {
-	lb, ok := s.b.(Logical)
-	if !ok {
+	lb := s.b.Logical()
+	if lb == nil {
 		return nil
 	}
 	return &logicalStore{s: s, b: lb}
@@ -424,22 +416,22 @@ func (s *Store) RecordFailure(ctx context.Context, e sqladapters.Executor, f sql
 
 // HighWaterMark implements sqladapters.Dialect.
 func (s *Store) HighWaterMark(ctx context.Context, e sqladapters.Executor) (int64, error) {
-	hw, ok := s.b.(HighWaterMark)
+	q, ok := s.b.HighWaterMark()
 	if !ok {
 		return 0, fmt.Errorf("%w: %s has no high-water mark", errors.ErrUnsupported, s.b.Name())
 	}
-	return s.queryInt(ctx, e, hw.HighWaterMark())
+	return s.queryInt(ctx, e, q)
 }
 
 // PendingHorizon implements sqladapters.Dialect.
 func (s *Store) PendingHorizon(ctx context.Context, e sqladapters.Executor) (sqladapters.Horizon, error) {
 	var h sqladapters.Horizon
-	ph, ok := s.b.(PendingHorizon)
+	q, ok := s.b.PendingHorizon()
 	if !ok {
 		return h, fmt.Errorf("%w: %s reports no horizon", errors.ErrUnsupported, s.b.Name())
 	}
 	var xmin, xid, cache int64
-	err := s.query(ctx, e, ph.PendingHorizon(), func(r sqladapters.Rows) error {
+	err := s.query(ctx, e, q, func(r sqladapters.Rows) error {
 		return r.Scan(&h.Mark, &xmin, &xid, &h.RetryMin, &h.HoldMin, &cache)
 	})
 	if err != nil {
@@ -456,11 +448,11 @@ func (s *Store) PendingHorizon(ctx context.Context, e sqladapters.Executor) (sql
 
 // NotifyProbe implements sqladapters.Dialect.
 func (s *Store) NotifyProbe(ctx context.Context, e sqladapters.Executor) error {
-	p, ok := s.b.(NotifyProber)
+	q, ok := s.b.NotifyProbe()
 	if !ok || s.b.NotifyChannel() == "" {
 		return fmt.Errorf("%w: the %s dialect does not notify", errors.ErrUnsupported, s.b.Name())
 	}
-	_, err := s.exec(ctx, e, p.NotifyProbe())
+	_, err := s.exec(ctx, e, q)
 	return err
 }
 
@@ -670,7 +662,7 @@ func (s *Store) inboxOutcome(n int64, err error) (bool, error) {
 
 // DeleteInbox implements sqladapters.Dialect.
 func (s *Store) DeleteInbox(ctx context.Context, e sqladapters.Executor, from, before time.Time, limit int) (int64, time.Time, error) {
-	rd, ok := s.b.(InboxRangeDeleter)
+	q, ok := s.b.DeleteInboxRange(from, before, limit)
 	if !ok {
 		n, err := s.exec(ctx, e, s.b.DeleteInboxBefore(before, limit))
 		return n, from, err
@@ -680,7 +672,7 @@ func (s *Store) DeleteInbox(ctx context.Context, e sqladapters.Executor, from, b
 		last time.Time
 		seen bool
 	)
-	err := s.query(ctx, e, rd.DeleteInboxRange(from, before, limit), func(r sqladapters.Rows) error {
+	err := s.query(ctx, e, q, func(r sqladapters.Rows) error {
 		seen = true
 		return r.Scan(&n, &last)
 	})
