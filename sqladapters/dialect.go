@@ -55,6 +55,15 @@ type Dialect interface {
 	// AppliedMigrations returns the versions Migrate recorded as applied,
 	// ascending; a *MissingTableError when it never ran.
 	AppliedMigrations(ctx context.Context, e Executor) ([]int, error)
+	// MigrationScript renders the schema as one SQL script, for migration
+	// tools (goose, atlas, flyway) and for review: a comment naming the
+	// database and tables and saying whether the statements may run
+	// again, the statement that creates the schema (PostgreSQL) or
+	// database (MySQL) the tables are qualified with, when they are, and
+	// then each version's statements as MigrationSQL returns them. It
+	// leaves out Migrate's own bookkeeping (lock and version table), so a
+	// tool that runs it records the versions itself.
+	MigrationScript() string
 	// Migrate applies in tx those of migrations (in version order) that
 	// are not applied yet, and records them, under a lock that serializes
 	// concurrent migrators. Use the Migrate and MigrateTx functions, which

@@ -219,6 +219,15 @@ func (d *sqlDialect) LockMigrations() (lock, unlock sqladapters.Query) {
 		sqladapters.Query{SQL: `DROP TABLE ` + d.migrateLock}
 }
 
+// CreateSchema returns none: an SQLite database is its file.
+func (d *sqlDialect) CreateSchema() []sqladapters.Query { return nil }
+
+// ScriptNote says that each version must run once: SQLite cannot add a
+// column only where it is missing.
+func (d *sqlDialect) ScriptNote() string {
+	return "Apply each version once: SQLite cannot add a column only if it is missing."
+}
+
 // CreateMigrationsTable creates the version table.
 func (d *sqlDialect) CreateMigrationsTable() []sqladapters.Query {
 	return []sqladapters.Query{{SQL: `CREATE TABLE IF NOT EXISTS ` + d.migrate + ` (

@@ -725,12 +725,13 @@ func TestMigrateSQL(t *testing.T) {
 		want []string
 		not  []string
 	}{
-		{[]string{"--db", "postgres", "--schema", "messaging"}, []string{`CREATE SCHEMA IF NOT EXISTS "messaging";`, `CREATE TABLE IF NOT EXISTS "messaging"."millbox_outbox"`, `"messaging"."millbox_inbox"`}, nil},
+		{[]string{"--db", "postgres", "--schema", "messaging"}, []string{"Statements are idempotent", "-- millbox postgres migration 1:", `CREATE SCHEMA IF NOT EXISTS "messaging";`, `CREATE TABLE IF NOT EXISTS "messaging"."millbox_outbox"`, `"messaging"."millbox_inbox"`}, nil},
 		{[]string{"--dsn", "postgres://localhost:1/app"}, []string{`CREATE TABLE IF NOT EXISTS "millbox_outbox"`}, []string{"CREATE SCHEMA"}},
 		{[]string{"--dsn", "postgres://localhost:1/app", "--schema", "app"}, []string{`CREATE SCHEMA IF NOT EXISTS "app";`, `CREATE TABLE IF NOT EXISTS "app"."millbox_outbox"`}, nil},
 		{[]string{"--db", "postgres", "--schema", "app", "--partitioned"}, []string{`CREATE SCHEMA IF NOT EXISTS "app";`, `"app"."millbox_outbox"`}, nil},
 		{[]string{"--db", "mysql", "--schema", "shop", "--outbox-table", "events"}, []string{"CREATE DATABASE IF NOT EXISTS `shop`", "`shop`.`events`"}, nil},
-		{[]string{"--dsn", "sqlite://x.db", "--inbox-table", "seen"}, []string{`CREATE TABLE IF NOT EXISTS "seen"`}, []string{"CREATE SCHEMA"}},
+		{[]string{"--dsn", "sqlite://x.db", "--inbox-table", "seen"}, []string{`CREATE TABLE IF NOT EXISTS "seen"`, "Apply each version once"}, []string{"CREATE SCHEMA", "idempotent"}},
+		{[]string{"--db", "mysql"}, []string{"Statements are idempotent", "-- millbox mysql migration 1:"}, []string{"CREATE DATABASE"}},
 		{[]string{"--db", "postgres", "--without-inbox"}, []string{`CREATE TABLE IF NOT EXISTS "millbox_outbox"`}, []string{`CREATE TABLE IF NOT EXISTS "millbox_inbox"`}},
 		{[]string{"--db", "mysql", "--without-inbox"}, []string{"CREATE TABLE IF NOT EXISTS `millbox_outbox`"}, []string{"CREATE TABLE IF NOT EXISTS `millbox_inbox`"}},
 	} {

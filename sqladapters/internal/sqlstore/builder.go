@@ -54,8 +54,15 @@ type Builder interface {
 	// migrators and the one that releases it. Unlock is a zero Query when
 	// the lock ends with the transaction.
 	LockMigrations() (lock, unlock sqladapters.Query)
+	// CreateSchema creates the schema (PostgreSQL) or database (MySQL)
+	// the table names are qualified with, when they are; none otherwise.
+	CreateSchema() []sqladapters.Query
+	// ScriptNote is a line for the head of a migration script
+	// (sqladapters.Dialect.MigrationScript): whether its statements may
+	// run again.
+	ScriptNote() string
 	// CreateMigrationsTable creates the table recording applied versions
-	// (and the schema holding it, where the database has schemas).
+	// (and, with CreateSchema, the schema holding it).
 	CreateMigrationsTable() []sqladapters.Query
 	// AppliedMigrations selects the applied versions (one int column).
 	AppliedMigrations() sqladapters.Query

@@ -77,6 +77,17 @@ func (s *Store) ClassifyError(err error) error {
 // Migrations implements sqladapters.Dialect.
 func (s *Store) Migrations() []sqladapters.Migration { return s.b.Migrations() }
 
+// MigrationScript implements sqladapters.Dialect.
+func (s *Store) MigrationScript() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- millbox schema for %s: outbox %s, inbox %s\n-- %s\n\n", s.b.Name(), s.b.OutboxTable(), s.b.InboxTable(), s.b.ScriptNote())
+	for _, q := range s.b.CreateSchema() {
+		b.WriteString(q.SQL + ";\n\n")
+	}
+	b.WriteString(sqladapters.MigrationSQL(s))
+	return b.String()
+}
+
 // Migrate implements sqladapters.Dialect.
 func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sqladapters.Migration) (err error) {
 	lock, unlock := s.b.LockMigrations()

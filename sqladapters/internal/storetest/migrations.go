@@ -24,6 +24,7 @@ var migrationCases = []testCase{
 	{"MigrateScheduled", testMigrateScheduled},
 	{"MissingTable", testMissingTable},
 	{"ObjectsListed", testObjectsListed},
+	{"MigrationScript", testMigrationScript},
 }
 
 // testMigrate migrates a fresh dialect twice: the second run finds every
@@ -422,6 +423,27 @@ func testObjectsListed(e *env) {
 		}
 		if !slices.ContainsFunc(found, func(name string) bool { return sqlstore.Object{Name: tables[i]}.Matches(name, fold) }) {
 			e.t.Fatalf("the table %s that Tables reports is not in the catalog", t)
+		}
+	}
+}
+
+// testMigrationScript reads the script for migration tools: it names the
+// database and tables, and holds every statement of every version, in
+// order, after the comment naming the version.
+func testMigrationScript(e *env) {
+	d := e.s.New(e.t)
+	script := d.MigrationScript()
+	if !strings.HasPrefix(script, "-- millbox schema for "+d.Name()) || !strings.Contains(strings.SplitN(script, "\n", 2)[0], d.OutboxTable()) {
+		e.t.Fatalf("the script does not start naming the database and the outbox:\n%.300s", script)
+	}
+	at := 0
+	for _, m := range d.Migrations() {
+		for _, stmt := range append([]string{fmt.Sprintf("-- millbox %s migration %d: %s\n", d.Name(), m.Version, m.Name)}, m.Statements...) {
+			i := strings.Index(script[at:], strings.TrimSpace(stmt))
+			if i < 0 {
+				e.t.Fatalf("the script lacks, after byte %d, a statement of version %d:\n%s", at, m.Version, stmt)
+			}
+			at += i + len(strings.TrimSpace(stmt))
 		}
 	}
 }
