@@ -147,6 +147,18 @@ type Dialect interface {
 	CountPartitions(ctx context.Context, e Executor) (int, error)
 	// Heartbeat records that instance is alive for ttl.
 	Heartbeat(ctx context.Context, e Executor, instance string, ttl time.Duration) error
+	// HeartbeatSettings does what Heartbeat does and records with it
+	// settings: those every forwarder instance of the outbox must agree
+	// on. It then compares them with what the other live instances
+	// recorded and returns a *SettingMismatchError naming the first of
+	// settings, in their order, that one of them recorded with another
+	// value. A setting another instance did not record is not compared,
+	// so an instance of a version that records fewer settings, or none
+	// (Heartbeat), runs next to this one. The row is written even when
+	// the settings disagree, so that the other instance learns it too:
+	// an instance that refuses to run removes it (RemoveMember). Heartbeat
+	// keeps the settings recorded last.
+	HeartbeatSettings(ctx context.Context, e Executor, instance string, ttl time.Duration, settings []Setting) error
 	// CountMembers returns the number of live instances.
 	CountMembers(ctx context.Context, e Executor) (int, error)
 	// RemoveMember deletes instance and every expired member.
@@ -380,6 +392,16 @@ type Failure struct {
 	// PendingQuery.DeadLetterHolds leave out the key's later rows until it
 	// is requeued or discarded. A row without a key holds nothing.
 	Hold bool
+}
+
+// Setting is a forwarder setting that every instance of one outbox must
+// agree on, as Dialect.HeartbeatSettings records and compares it.
+type Setting struct {
+	// Name names the setting, such as "DeadLetterHoldsKey"; the error of
+	// a disagreement shows it.
+	Name string
+	// Value is the setting's value as text, compared byte for byte.
+	Value string
 }
 
 // DeadLetter is a row that exhausted its attempts. Its Payload and

@@ -220,6 +220,23 @@ ON DUPLICATE KEY UPDATE expires_at = ` + nowPlus,
 	}
 }
 
+// HeartbeatSettings upserts the member row of instance with its settings.
+func (d *sqlDialect) HeartbeatSettings(instance string, ttl time.Duration, settings string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at, settings) VALUES (?, ` + nowPlus + `, ?)
+ON DUPLICATE KEY UPDATE expires_at = ` + nowPlus + `, settings = ?`,
+		Args: []any{fitKey(instance, maxOwnerBytes), micros(ttl), settings, micros(ttl), settings},
+	}
+}
+
+// MemberSettings selects the settings of the other live instances.
+func (d *sqlDialect) MemberSettings(instance string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT instance, settings FROM ` + d.members + ` WHERE expires_at > ` + now + ` AND instance <> ? ORDER BY instance`,
+		Args: []any{fitKey(instance, maxOwnerBytes)},
+	}
+}
+
 // CountMembers counts live instances.
 func (d *sqlDialect) CountMembers() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT COUNT(*) FROM ` + d.members + ` WHERE expires_at > ` + now}

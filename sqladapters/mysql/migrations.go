@@ -144,6 +144,17 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		Name:       "scheduled messages",
 		Statements: d.scheduledTable(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 8,
+		Name:    "settings of the live forwarder instances",
+		// Each instance records the settings every instance of the outbox
+		// must agree on (HeartbeatSettings). The members table holds one
+		// short row per live instance, so adding the column costs nothing
+		// however the server adds it, and processes of earlier versions,
+		// which never name it, work on unchanged: their rows hold none.
+		Statements: d.alterIfMissingIn(d.opts.OutboxTable+"_members", "settings",
+			`ALTER TABLE `+d.members+` ADD COLUMN settings TEXT NULL`),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

@@ -190,6 +190,23 @@ ON CONFLICT (instance) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
 	}
 }
 
+// HeartbeatSettings upserts the member row of instance with its settings.
+func (d *sqlDialect) HeartbeatSettings(instance string, ttl time.Duration, settings string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at, settings) VALUES ($1, now() + $2 * interval '1 microsecond', $3)
+ON CONFLICT (instance) DO UPDATE SET expires_at = EXCLUDED.expires_at, settings = EXCLUDED.settings`,
+		Args: []any{instance, micros(ttl), settings},
+	}
+}
+
+// MemberSettings selects the settings of the other live instances.
+func (d *sqlDialect) MemberSettings(instance string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT instance, settings FROM ` + d.members + ` WHERE expires_at > now() AND instance <> $1 ORDER BY instance`,
+		Args: []any{instance},
+	}
+}
+
 // CountMembers counts live instances.
 func (d *sqlDialect) CountMembers() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.members + ` WHERE expires_at > now()`}

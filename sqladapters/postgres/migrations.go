@@ -133,6 +133,18 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		Name:       "scheduled messages",
 		Statements: d.scheduledTable(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 8,
+		Name:    "settings of the live forwarder instances",
+		Statements: []string{
+			// Each instance records the settings every instance of the
+			// outbox must agree on (HeartbeatSettings). A nullable column
+			// without a default is added without rewriting anything, and
+			// processes of earlier versions, which never name it, work on
+			// unchanged: their rows hold none.
+			`ALTER TABLE ` + d.members + ` ADD COLUMN IF NOT EXISTS settings text`,
+		},
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

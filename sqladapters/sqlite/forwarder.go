@@ -174,6 +174,23 @@ ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at`,
 	}
 }
 
+// HeartbeatSettings upserts the member row of instance with its settings.
+func (d *sqlDialect) HeartbeatSettings(instance string, ttl time.Duration, settings string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at, settings) VALUES (?, ` + nowPlus + `, ?)
+ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at, settings = excluded.settings`,
+		Args: []any{instance, offset(ttl), settings},
+	}
+}
+
+// MemberSettings selects the settings of the other live instances.
+func (d *sqlDialect) MemberSettings(instance string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT instance, settings FROM ` + d.members + ` WHERE expires_at > ` + now + ` AND instance <> ? ORDER BY instance`,
+		Args: []any{instance},
+	}
+}
+
 // CountMembers counts live instances.
 func (d *sqlDialect) CountMembers() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.members + ` WHERE expires_at > ` + now}

@@ -156,6 +156,17 @@ ON CONFLICT (id) DO NOTHING`,
 		Name:       "scheduled messages",
 		Statements: d.scheduledTable(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 8,
+		Name:    "settings of the live forwarder instances",
+		// Each instance records the settings every instance of the outbox
+		// must agree on (HeartbeatSettings). Processes of earlier
+		// versions, which never name the column, work on unchanged: their
+		// rows hold none.
+		Statements: []string{
+			`ALTER TABLE ` + d.members + ` ADD COLUMN settings TEXT`,
+		},
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

@@ -121,6 +121,14 @@ type Builder interface {
 	CountPartitions() sqladapters.Query
 	// Heartbeat records that instance is alive for ttl.
 	Heartbeat(instance string, ttl time.Duration) sqladapters.Query
+	// HeartbeatSettings records that instance is alive for ttl, as
+	// Heartbeat does, and stores settings (a JSON object of strings) in
+	// its row.
+	HeartbeatSettings(instance string, ttl time.Duration, settings string) sqladapters.Query
+	// MemberSettings selects the instance and the settings (NULL when it
+	// recorded none) of every live instance other than instance, in
+	// instance order.
+	MemberSettings(instance string) sqladapters.Query
 	// CountMembers selects the number of live instances.
 	CountMembers() sqladapters.Query
 	// RemoveMember deletes instance and every expired member.

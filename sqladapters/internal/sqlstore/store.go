@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -570,6 +571,57 @@ func (s *Store) CountPartitions(ctx context.Context, e sqladapters.Executor) (in
 func (s *Store) Heartbeat(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration) error {
 	_, err := s.exec(ctx, e, s.b.Heartbeat(instance, ttl))
 	return err
+}
+
+// HeartbeatSettings implements sqladapters.Dialect.
+func (s *Store) HeartbeatSettings(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration, settings []sqladapters.Setting) error {
+	mine := make(map[string]string, len(settings))
+	for _, st := range settings {
+		if st.Name == "" {
+			return fmt.Errorf("%w: HeartbeatSettings: a setting without a name", sqladapters.ErrInvalidConfig)
+		}
+		if _, dup := mine[st.Name]; dup {
+			return fmt.Errorf("%w: HeartbeatSettings: setting %q given twice", sqladapters.ErrInvalidConfig, st.Name)
+		}
+		mine[st.Name] = st.Value
+	}
+	enc, err := json.Marshal(mine)
+	if err != nil {
+		return err
+	}
+	if _, err := s.exec(ctx, e, s.b.HeartbeatSettings(instance, ttl, string(enc))); err != nil {
+		return err
+	}
+	type member struct {
+		instance string
+		settings map[string]string
+	}
+	var others []member
+	err = s.query(ctx, e, s.b.MemberSettings(instance), func(r sqladapters.Rows) error {
+		var m member
+		var text sql.NullString
+		if err := r.Scan(&m.instance, &text); err != nil {
+			return err
+		}
+		if text.Valid {
+			if err := json.Unmarshal([]byte(text.String), &m.settings); err != nil {
+				return fmt.Errorf("the settings the instance %q recorded are not a JSON object of strings: %w", m.instance, err)
+			}
+		}
+		others = append(others, m)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, st := range settings {
+		for _, m := range others {
+			if theirs, ok := m.settings[st.Name]; ok && theirs != st.Value {
+				return &sqladapters.SettingMismatchError{Setting: st.Name, Mine: st.Value, Theirs: theirs, Instance: m.instance}
+			}
+		}
+	}
+	return nil
 }
 
 // CountMembers implements sqladapters.Dialect.
