@@ -23,5 +23,5 @@ func requeueAll(ctx context.Context, db sqladapters.Executor, d sqladapters.Dial
 	if err != nil {
 		return 0, err
 	}
-	return o.Requeue(ctx, ops.Filter{}, ops.ChangeOptions{})
+	return o.Requeue(ctx, ops.Filter{All: true}, ops.ChangeOptions{})
 }

@@ -55,6 +55,15 @@ type Dialect interface {
 	// AppliedMigrations returns the versions Migrate recorded as applied,
 	// ascending; a *MissingTableError when it never ran.
 	AppliedMigrations(ctx context.Context, e Executor) ([]int, error)
+	// MigrationScript renders the schema as one SQL script, for migration
+	// tools (goose, atlas, flyway) and for review: a comment naming the
+	// database and tables and saying whether the statements may run
+	// again, the statement that creates the schema (PostgreSQL) or
+	// database (MySQL) the tables are qualified with, when they are, and
+	// then each version's statements as MigrationSQL returns them. It
+	// leaves out Migrate's own bookkeeping (lock and version table), so a
+	// tool that runs it records the versions itself.
+	MigrationScript() string
 	// Migrate applies in tx those of migrations (in version order) that
 	// are not applied yet, and records them, under a lock that serializes
 	// concurrent migrators. Use the Migrate and MigrateTx functions, which
@@ -78,7 +87,10 @@ type Dialect interface {
 	// they were written, in one transaction (its own when e is a DB, a
 	// savepoint of e's otherwise). The moved rows are ordinary outbox
 	// inserts with new ids: they go after every row already in the outbox.
-	// Concurrent callers never move the same row twice. It reports how many
+	// Concurrent callers never move the same row twice, and take turns: a
+	// call waits for a concurrent call's transaction to end and then moves
+	// the rows due after that one's, so the rows of a key reach the outbox
+	// in due order however many forwarder instances move. It reports how many
 	// it moved and the due time of the earliest message still scheduled
 	// (zero when none is).
 	MoveDue(ctx context.Context, e Executor, now time.Time, limit int) (moved int64, next time.Time, err error)
@@ -135,6 +147,18 @@ type Dialect interface {
 	CountPartitions(ctx context.Context, e Executor) (int, error)
 	// Heartbeat records that instance is alive for ttl.
 	Heartbeat(ctx context.Context, e Executor, instance string, ttl time.Duration) error
+	// HeartbeatSettings does what Heartbeat does and records with it
+	// settings: those every forwarder instance of the outbox must agree
+	// on. It then compares them with what the other live instances
+	// recorded and returns a *SettingMismatchError naming the first of
+	// settings, in their order, that one of them recorded with another
+	// value. A setting another instance did not record is not compared,
+	// so an instance of a version that records fewer settings, or none
+	// (Heartbeat), runs next to this one. The row is written even when
+	// the settings disagree, so that the other instance learns it too:
+	// an instance that refuses to run removes it (RemoveMember). Heartbeat
+	// keeps the settings recorded last.
+	HeartbeatSettings(ctx context.Context, e Executor, instance string, ttl time.Duration, settings []Setting) error
 	// CountMembers returns the number of live instances.
 	CountMembers(ctx context.Context, e Executor) (int, error)
 	// RemoveMember deletes instance and every expired member.
@@ -368,6 +392,16 @@ type Failure struct {
 	// PendingQuery.DeadLetterHolds leave out the key's later rows until it
 	// is requeued or discarded. A row without a key holds nothing.
 	Hold bool
+}
+
+// Setting is a forwarder setting that every instance of one outbox must
+// agree on, as Dialect.HeartbeatSettings records and compares it.
+type Setting struct {
+	// Name names the setting, such as "DeadLetterHoldsKey"; the error of
+	// a disagreement shows it.
+	Name string
+	// Value is the setting's value as text, compared byte for byte.
+	Value string
 }
 
 // DeadLetter is a row that exhausted its attempts. Its Payload and

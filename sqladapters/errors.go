@@ -63,3 +63,26 @@ func (e *MissingTableError) Unwrap() error { return e.Err }
 
 // Is makes errors.Is(err, ErrMissingTable) true.
 func (e *MissingTableError) Is(target error) bool { return target == ErrMissingTable }
+
+// SettingMismatchError is returned by Dialect.HeartbeatSettings when
+// another live forwarder instance of the same outbox recorded a setting
+// that all of them must agree on with another value. errors.Is(err,
+// ErrInvalidConfig) is true.
+type SettingMismatchError struct {
+	// Setting is the setting's name, such as "DeadLetterHoldsKey".
+	Setting string
+	// Mine is the value this instance gave, Theirs the one Instance
+	// recorded.
+	Mine, Theirs string
+	// Instance is the live instance that recorded Theirs.
+	Instance string
+}
+
+func (e *SettingMismatchError) Error() string {
+	return fmt.Sprintf("millbox: invalid config: %s is %q here but %q on the live forwarder instance %q of the same outbox; "+
+		"every instance of one outbox must use the same value (stop the others, or give this one theirs)",
+		e.Setting, e.Mine, e.Theirs, e.Instance)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *SettingMismatchError) Is(target error) bool { return target == ErrInvalidConfig }

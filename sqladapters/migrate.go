@@ -80,7 +80,9 @@ func migrate(ctx context.Context, tx Tx, d Dialect) error {
 
 // MigrationSQL returns the schema statements Migrate applies, version by
 // version, as a script for migration tools such as goose, atlas or flyway.
-// It leaves out Migrate's own bookkeeping (lock and version table).
+// It leaves out Migrate's own bookkeeping (lock and version table), and
+// the statement creating a configured schema: Dialect.MigrationScript
+// adds it.
 func MigrationSQL(d Dialect) string {
 	var b strings.Builder
 	for _, m := range d.Migrations() {

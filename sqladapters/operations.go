@@ -11,7 +11,9 @@ type OutboxStats struct {
 	// Pending rows wait to be published, including rows waiting for a
 	// retry after a failure.
 	Pending int64
-	// Dead rows exhausted their attempts.
+	// Dead counts the dead letters: messages that exhausted their
+	// attempts. They live in the dead letters' table (the outbox's name
+	// with _dead), not in the outbox.
 	Dead int64
 	// OldestPendingAge is how long the oldest pending row has waited, by
 	// the database's clock, 0 when nothing is pending. A requeued dead
@@ -97,9 +99,17 @@ type DeadLetterFilter struct {
 	// NewerThan, when positive, keeps dead letters that died within this
 	// long.
 	NewerThan time.Duration
+	// All says that a filter which sets no other field selects every dead
+	// letter on purpose. Reads take the zero filter as every dead letter
+	// anyway; the operations that change dead letters (ops.Requeue and
+	// ops.Discard) refuse a filter that selects every dead letter unless
+	// All is set, and refuse All with any other field set, so that a
+	// filter left empty by mistake (an empty id list, say) changes nothing.
+	All bool
 }
 
-// IsZero reports whether f matches every dead letter.
+// IsZero reports whether f matches every dead letter: no field but All
+// is set.
 func (f DeadLetterFilter) IsZero() bool {
 	return len(f.IDs) == 0 && f.Topic == "" && f.Key == "" && f.ErrorContains == "" && f.Fingerprint == nil &&
 		f.OlderThan <= 0 && f.NewerThan <= 0

@@ -3,6 +3,8 @@ package conformance
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -129,6 +131,50 @@ func delayed(t *testing.T, env Env, fast func(t testing.TB, d sqladapters.Dialec
 			t.Fatalf("key k arrived in the order %v, want a1 a2 d0 d1 d2 (far still waiting)", order)
 		}
 	})
+
+	// Every instance moves due messages into the outbox; however many do
+	// at once, each key's messages reach the destination in due order, and
+	// those of one due time in publish order.
+	for _, instances := range []int{2, 3} {
+		t.Run(fmt.Sprintf("KeepTheirKeysDueOrderWith%dInstances", instances), func(t *testing.T) {
+			d := env.NewDialect(t)
+			rec := NewRecorder()
+			var fs []*forwarder.Forwarder
+			for range instances {
+				cfg := fast(t, d, rec)
+				cfg.BatchSize = 100
+				fs = append(fs, StartForwarder(t, cfg))
+			}
+			if env.polling() {
+				WaitOwned(t, fs, 8, true)
+			} else {
+				WaitOwned(t, fs, 1, false)
+			}
+			// Message seq of each key is due at seq/5 milliseconds after the
+			// first: five messages of a key share each due time, and
+			// seq order is due order, then publish order. All are published
+			// in one call, keys interleaved, so that all are scheduled, and
+			// every instance's mover wakes at the first due time.
+			const keys, perKey = 20, 150
+			first := time.Now().Add(2 * time.Second)
+			msgs := make([]*message.Message, 0, keys*perKey)
+			for seq := range perKey {
+				for k := range keys {
+					m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf("k%d-%d", k, seq)))
+					m.Metadata.Set(forwarder.DefaultKeyMetadataField, fmt.Sprintf("key-%d", k))
+					m.Metadata.Set("seq", strconv.Itoa(seq))
+					forwarder.DeliverAt(m, first.Add(time.Duration(seq/5)*time.Millisecond))
+					msgs = append(msgs, m)
+				}
+			}
+			if err := publishCommitted(ctx, src, d, "delayed", msgs); err != nil {
+				t.Fatal(err)
+			}
+			rec.WaitFor(t, keys*perKey, 60*time.Second)
+			CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
+			waitEmpty(t, ctx, env, d)
+		})
+	}
 
 	// With a PollInterval of an hour, only the due times the forwarder
 	// learns wake it: from the table when it starts (a message written by

@@ -351,6 +351,22 @@ func testAuthorizedChanges(t *testing.T, b backend) {
 			t.Fatalf("requeue without authorization: %d, want 403", resp.StatusCode)
 		}
 	})
+	t.Run("names nothing", func(t *testing.T) {
+		// A change acts on one dead letter or one error group, never on
+		// every dead letter.
+		for _, c := range []struct {
+			path string
+			form url.Values
+		}{
+			{"/admin/requeue", url.Values{"token": {token}}},
+			{"/admin/discard", url.Values{"token": {token}, "confirm": {"yes"}}},
+		} {
+			resp, body := f.post(t, c.path, c.form, sameOrigin)
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "names no message") {
+				t.Fatalf("POST %s naming no dead letter: %d, want 400\n%s", c.path, resp.StatusCode, problemOf(body))
+			}
+		}
+	})
 	if pending, dead := f.count(t); pending != 0 || dead != 4 {
 		t.Fatalf("after refused changes: pending=%d dead=%d, want 0 and 4", pending, dead)
 	}

@@ -19,8 +19,9 @@
 // # What the embedding application must do
 //
 // The page shows payloads and errors, which may hold personal data or
-// secrets, and can requeue and discard messages. The handler has no login
-// of its own:
+// secrets, and can requeue and discard messages: one dead letter or one
+// error group per form, never every dead letter at once (the millbox
+// command does that, with --all). The handler has no login of its own:
 //
 //   - Mount it behind the application's login, and say who may look in
 //     Config.View (everybody who reaches the handler, when nil).

@@ -76,7 +76,10 @@
 // it nowhere: the forwarder's exclusivity comes from partition leases kept
 // in lease columns (owner, expires_at) that one UPDATE ... ORDER BY ...
 // LIMIT claims. With SkipLocked set, claims skip lease rows that another
-// instance is claiming at that moment instead of waiting for it.
+// instance is claiming at that moment instead of waiting for it. The move
+// of due scheduled messages never skips: concurrent moves wait for each
+// other at the earliest due row, so a key's delayed messages reach the
+// outbox in due order.
 //
 // # Tables
 //
@@ -90,15 +93,18 @@
 // restart resets the counter to the largest id left plus one, so ids of
 // deleted rows may come back after a restart on those versions.
 //
-// MySQL has no partial indexes; stored generated columns stand in for
-// them. state (pending, dead or published) is indexed with id and
-// key_hash: the forwarder reads pending rows in id order through it,
-// testing each row's partition in the index, and pages dead letters
-// through it. retry_hash is the key hash of a pending row waiting for a retry and
-// NULL otherwise, so the check that holds a key's later rows behind its
-// retry is one lookup in a small index, however large the backlog. The
-// forwarder's read names both indexes (FORCE INDEX): going by statistics,
-// the optimizer would scan the table for the check of every row.
+// The outbox holds only rows that still have to go: dead letters and the
+// forwarded rows kept for audit move, under their ids, to the tables
+// <outbox>_dead and <outbox>_kept, and a requeue moves a dead letter back.
+// So the forwarder reads pending rows in id order through the primary
+// key, walking no dead or kept row. MySQL has no partial indexes, so the
+// rows waiting for a retry are marked in a small table of their own,
+// <outbox>_retries, by key hash: the check that holds a key's later rows
+// behind its retry is one lookup there, however large the backlog. The
+// forwarder's read names the primary keys (FORCE INDEX): going by
+// statistics, the optimizer would sort the outbox or scan the markers for
+// every row. The generated columns state and retry_hash of earlier
+// versions stay in the outbox, unindexed and unused.
 //
 // Inbox keys, lease owners and member names are VARBINARY, compared byte
 // by byte. A value longer than its column (255 bytes, 512 for message ids)

@@ -144,6 +144,17 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		Name:       "scheduled messages",
 		Statements: d.scheduledTable(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 8,
+		Name:    "settings of the live forwarder instances",
+		// Each instance records the settings every instance of the outbox
+		// must agree on (HeartbeatSettings). The members table holds one
+		// short row per live instance, so adding the column costs nothing
+		// however the server adds it, and processes of earlier versions,
+		// which never name it, work on unchanged: their rows hold none.
+		Statements: d.alterIfMissingIn(d.opts.OutboxTable+"_members", "settings",
+			`ALTER TABLE `+d.members+` ADD COLUMN settings TEXT NULL`),
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}
@@ -314,14 +325,22 @@ func (d *sqlDialect) lockArgs() (db any, table string) {
 	return db, d.opts.OutboxTable
 }
 
+// CreateSchema creates Options.Database, when set.
+func (d *sqlDialect) CreateSchema() []sqladapters.Query {
+	if d.opts.Database == "" {
+		return nil
+	}
+	return []sqladapters.Query{{SQL: `CREATE DATABASE IF NOT EXISTS ` + quote(d.opts.Database) + ` CHARACTER SET utf8mb4`}}
+}
+
+// ScriptNote says that the statements may run again: each finds its work
+// done, as Migrate needs where DDL commits on its own.
+func (d *sqlDialect) ScriptNote() string { return "Statements are idempotent." }
+
 // CreateMigrationsTable creates the database (when set) and the version
 // table.
 func (d *sqlDialect) CreateMigrationsTable() []sqladapters.Query {
-	var qs []sqladapters.Query
-	if d.opts.Database != "" {
-		qs = append(qs, sqladapters.Query{SQL: `CREATE DATABASE IF NOT EXISTS ` + quote(d.opts.Database) + ` CHARACTER SET utf8mb4`})
-	}
-	return append(qs, sqladapters.Query{SQL: `CREATE TABLE IF NOT EXISTS ` + d.migrate + ` (
+	return append(d.CreateSchema(), sqladapters.Query{SQL: `CREATE TABLE IF NOT EXISTS ` + d.migrate + ` (
 	version    INT          NOT NULL,
 	name       VARCHAR(255) NOT NULL,
 	applied_at DATETIME(6)  NOT NULL,

@@ -92,7 +92,10 @@ type Options struct {
 	// _dead, _kept, _retries, _scheduled, _leases, _members and
 	// _migrations.
 	OutboxTable string
-	// InboxTable defaults to DefaultInboxTable.
+	// InboxTable defaults to DefaultInboxTable. New refuses a name that
+	// the migrations give a table or index of the outbox (such as
+	// OutboxTable with _dead or _scheduled), and an OutboxTable whose
+	// names take one of the inbox's.
 	InboxTable string
 	// WithoutInbox leaves the inbox table out of the migrations, for an
 	// application that only publishes. The inbox then fails with a
@@ -195,13 +198,8 @@ func (o Options) validate() error {
 	// Table names are case-insensitive where MySQL stores them
 	// lower-cased (lower_case_table_names=1, the default on Windows and
 	// macOS), so compare them that way everywhere.
-	seen := map[string]bool{}
-	for _, name := range tableNames(o) {
-		if seen[strings.ToLower(name)] {
-			return fmt.Errorf("%w: mysql.Options.OutboxTable %q and InboxTable %q both lead to a table named %q",
-				sqladapters.ErrInvalidName, o.OutboxTable, o.InboxTable, name)
-		}
-		seen[strings.ToLower(name)] = true
+	if err := sqlstore.CheckNames("mysql.Options", o.OutboxTable, o.InboxTable, objects(o), true); err != nil {
+		return err
 	}
 	if o.MigrationLockTimeout < 0 {
 		return fmt.Errorf("millbox: mysql.Options.MigrationLockTimeout %v is negative", o.MigrationLockTimeout)
@@ -219,10 +217,16 @@ func (o Options) validate() error {
 	return nil
 }
 
-// tableNames lists every table an installation creates.
-func tableNames(o Options) []string {
+// objects lists every table the migrations create, in the order of
+// Tables. Indexes are named within their table on MySQL, so they cannot
+// clash with a table.
+func objects(o Options) []sqlstore.Object {
 	t := o.OutboxTable
-	return []string{t, t + "_leases", t + "_members", t + "_migrations", o.InboxTable, t + "_dead", t + "_kept", t + "_retries"}
+	var objs []sqlstore.Object
+	for _, name := range []string{t, t + "_leases", t + "_members", o.InboxTable, t + "_migrations", t + "_dead", t + "_kept", t + "_retries", t + "_scheduled"} {
+		objs = append(objs, sqlstore.Object{Name: name, Table: true})
+	}
+	return objs
 }
 
 // MustNew is New that panics on invalid options, for package-level
@@ -273,8 +277,15 @@ func (d *sqlDialect) InboxTable() string { return d.inbox }
 func (d *Dialect) Tables() []string { return d.sql.tables() }
 
 func (d *sqlDialect) tables() []string {
-	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate, d.dead, d.kept, d.retries, d.scheduled}
+	names := sqlstore.TableNames(d.Objects())
+	for i, n := range names {
+		names[i] = d.qualify(n)
+	}
+	return names
 }
+
+// Objects lists the tables the migrations create (see sqlstore.Object).
+func (d *sqlDialect) Objects() []sqlstore.Object { return objects(d.opts) }
 
 // Database returns Options.Database, "" when names are unqualified.
 func (d *Dialect) Database() string { return d.sql.opts.Database }
@@ -384,10 +395,10 @@ func (d *sqlDialect) MaxMessageBytes() int { return (d.opts.MaxAllowedPacket - p
 // INSERTs under: a failed INSERT undoes only itself in MySQL, so without
 // the savepoint the earlier INSERTs of a failed call would stay in the
 // transaction.
-func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query) {
+func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query, ok bool) {
 	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
-		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
+		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}, true
 }
 
 // DetectMaxAllowedPacket reads the server's max_allowed_packet through e.

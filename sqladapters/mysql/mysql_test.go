@@ -306,3 +306,11 @@ func TestMySQLMessageLimitFitsThePacket(t *testing.T) {
 		t.Fatalf("default MaxMessageBytes %d", got)
 	}
 }
+
+// TestMySQLNewRefusesNameClashes checks that no inbox table name, in any
+// case, leads to a table the outbox's migrations create.
+func TestMySQLNewRefusesNameClashes(t *testing.T) {
+	dialecttest.CheckNameClashes(t, func(outbox, inbox string) (sqladapters.Dialect, error) {
+		return New(Options{OutboxTable: outbox, InboxTable: inbox})
+	}, true)
+}

@@ -8,6 +8,7 @@ import (
 	mysqldrv "github.com/go-sql-driver/mysql"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 // scheduledRowsPerInsert keeps one INSERT of scheduled rows (7
@@ -78,25 +79,32 @@ func (d *sqlDialect) scheduledChunk(msgs []sqladapters.OutboxMessage) sqladapter
 	return sqladapters.Query{SQL: b.String(), Args: args}
 }
 
-// ClaimDue locks the earliest due rows. With Options.SkipLocked it skips
-// the rows a concurrent move holds; without, it waits for that move, which
-// lasts two short statements, and then finds those rows gone.
-func (d *sqlDialect) ClaimDue(now time.Time, limit int) sqladapters.Query {
-	lock := ` FOR UPDATE`
-	if d.opts.SkipLocked {
-		lock += ` SKIP LOCKED`
-	}
-	return sqladapters.Query{
-		SQL:  `SELECT id FROM ` + d.scheduled + ` WHERE due_at <= ? ORDER BY due_at, id LIMIT ?` + lock,
-		Args: []any{utc(now), limit},
+// MoveDue claims the earliest due rows with a locking read and then
+// inserts them into the outbox by due time and id (InnoDB hands out
+// AUTO_INCREMENT values in the order of an INSERT ... SELECT's rows) and
+// deletes them. The rows get a new created_at: their age counts from when
+// they became due.
+//
+// The claim never skips locked rows, whatever Options.SkipLocked says:
+// every claim reads the due-time index from its start, so a move that
+// finds the earliest due row locked waits there until the move holding
+// it commits, and then, the rows that move deleted being gone, claims
+// the rows due after them. So the earliest due row is the lock that makes
+// concurrent moves take turns. Skipping it would let two moves split one
+// key's due rows and draw their outbox ids and commit in any order, and
+// the forwarder would send the key's rows out of due order.
+func (d *sqlDialect) MoveDue(now time.Time, limit int) sqlstore.DueMove {
+	return sqlstore.DueMove{
+		Claim: sqladapters.Query{
+			SQL:  `SELECT id FROM ` + d.scheduled + ` WHERE due_at <= ? ORDER BY due_at, id LIMIT ? FOR UPDATE`,
+			Args: []any{utc(now), limit},
+		},
+		Move: d.moveClaimed,
 	}
 }
 
-// MoveClaimed inserts the claimed rows into the outbox by due time and id
-// (InnoDB hands out AUTO_INCREMENT values in the order of an INSERT ...
-// SELECT's rows) and deletes them. The rows get a new created_at: their
-// age counts from when they became due.
-func (d *sqlDialect) MoveClaimed(ids []int64) []sqladapters.Query {
+// moveClaimed inserts the claimed rows into the outbox and deletes them.
+func (d *sqlDialect) moveClaimed(ids []int64) []sqladapters.Query {
 	return []sqladapters.Query{{
 		SQL: "INSERT INTO " + d.outbox + " (topic, uuid, payload, metadata, `key`, key_hash, created_at, next_attempt_at)\n" +
 			"SELECT topic, uuid, payload, metadata, `key`, key_hash, " + now + `, ` + now + ` FROM ` + d.scheduled +

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -89,7 +90,8 @@ type ChangeOptions struct {
 // Requeue moves the dead letters f selects back into the outbox, under
 // their ids, pending with zero attempts, batch by batch in id order, and
 // returns how many it requeued.
-// The zero Filter requeues every dead letter. Preview with
+// Filter{All: true} requeues every dead letter; a filter that selects
+// every dead letter without All is refused (ErrEverything). Preview with
 // CountDeadLetters. A requeued row goes out as soon as a forwarder reads
 // it: rows of its key published while it was dead have gone ahead of it,
 // unless it held its key (forwarder.Config.DeadLetterHoldsKey): then it
@@ -102,8 +104,9 @@ func (o *Ops) Requeue(ctx context.Context, f Filter, opts ChangeOptions) (int64,
 }
 
 // Discard deletes the dead letters f selects, batch by batch in id order,
-// and returns how many it deleted. The zero Filter discards every dead
-// letter. Preview with CountDeadLetters. A key a discarded dead letter
+// and returns how many it deleted. Filter{All: true} discards every dead
+// letter; a filter that selects every dead letter without All is refused
+// (ErrEverything). Preview with CountDeadLetters. A key a discarded dead letter
 // held goes on with its next message.
 func (o *Ops) Discard(ctx context.Context, f Filter, opts ChangeOptions) (int64, error) {
 	return o.change(ctx, "discard dead letters", f, opts, o.d.DiscardDeadLetters)
@@ -114,6 +117,12 @@ func (o *Ops) Discard(ctx context.Context, f Filter, opts ChangeOptions) (int64,
 // skipped by apply, which only changes rows that are still dead letters.
 func (o *Ops) change(ctx context.Context, op string, f Filter, opts ChangeOptions,
 	apply func(context.Context, sqladapters.Executor, []int64) (int64, error)) (int64, error) {
+	switch verb := strings.Fields(op)[0]; {
+	case f.All && !f.IsZero():
+		return 0, fail(op, fmt.Errorf("%w: Filter.All selects every dead letter and takes no other field; leave it out to %s only the dead letters the other fields select", sqladapters.ErrInvalidConfig, verb))
+	case !f.All && f.IsZero():
+		return 0, fail(op, fmt.Errorf("%w (it sets no ids, topic, key, error text, error group or age): set Filter.All to %s them all", ErrEverything, verb))
+	}
 	batch, err := batchSize(opts.BatchSize)
 	if err != nil {
 		return 0, err

@@ -11,9 +11,10 @@
 //	st, err := o.Status(ctx)
 //	n, err := o.Requeue(ctx, ops.Filter{ErrorContains: "connection refused"}, ops.ChangeOptions{})
 //
-// A dead letter is an outbox row whose delivery failed
-// forwarder.Config.MaxAttempts times: it stays in the table with its last
-// error and is skipped, and later rows of its key go ahead. Requeue makes
+// A dead letter is a message whose delivery failed
+// forwarder.Config.MaxAttempts times: it leaves the outbox for the dead
+// letters' table (the outbox's name with _dead), under its id, with its
+// last error, and later rows of its key go ahead. Requeue makes
 // it pending again with a fresh attempt count; it then arrives after the
 // messages of its key that went ahead (its age counts from the requeue).
 // Discard deletes it. A dead letter recorded by a forwarder with

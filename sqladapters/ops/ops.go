@@ -24,6 +24,10 @@ const (
 // ErrNotFound is returned by ShowDeadLetter when no dead row has the id.
 var ErrNotFound = errors.New("millbox: no such dead letter")
 
+// ErrEverything is returned by Requeue and Discard for a Filter that
+// selects every dead letter without saying so with Filter.All.
+var ErrEverything = errors.New("millbox: the filter selects every dead letter")
+
 // Ops runs operations on one millbox installation. It is safe for
 // concurrent use.
 type Ops struct {
@@ -46,8 +50,9 @@ func New(db sqladapters.Executor, d sqladapters.Dialect) (*Ops, error) {
 // Dialect returns the dialect the operations run with.
 func (o *Ops) Dialect() sqladapters.Dialect { return o.d }
 
-// Filter selects dead letters: every set field must match, and the zero
-// Filter matches every dead letter.
+// Filter selects dead letters: every set field must match. The zero
+// Filter matches every dead letter; Requeue and Discard take it only with
+// Filter.All set.
 type Filter = sqladapters.DeadLetterFilter
 
 // opError names the operation that failed. It leaves out the "millbox: "

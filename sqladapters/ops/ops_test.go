@@ -156,8 +156,53 @@ func TestDeadLetters(t *testing.T) {
 	if err != nil || st.Pending != 4 || st.Dead != 0 || len(st.Topics) != 1 {
 		t.Fatalf("status: %+v, %v", st, err)
 	}
-	if _, err := f.o.Requeue(f.ctx, ops.Filter{}, ops.ChangeOptions{BatchSize: ops.MaxBatchSize + 1}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+	if _, err := f.o.Requeue(f.ctx, ops.Filter{All: true}, ops.ChangeOptions{BatchSize: ops.MaxBatchSize + 1}); !errors.Is(err, sqladapters.ErrInvalidConfig) {
 		t.Fatalf("oversized batch: %v", err)
+	}
+}
+
+// TestChangeOfEverythingNeedsAll checks that Requeue and Discard refuse a
+// filter that selects every dead letter, an empty id list included,
+// unless it says All, and All with another field; with All alone they
+// change every dead letter.
+func TestChangeOfEverythingNeedsAll(t *testing.T) {
+	f := newFixture(t)
+	ids := f.publish("orders", "a", "b", "c")
+	for _, id := range ids {
+		f.kill(id, "timeout")
+	}
+	for _, c := range []struct {
+		name   string
+		filter ops.Filter
+		want   error
+	}{
+		{"zero", ops.Filter{}, ops.ErrEverything},
+		{"empty ids", ops.Filter{IDs: []int64{}}, ops.ErrEverything},
+		{"no age", ops.Filter{OlderThan: -time.Hour}, ops.ErrEverything},
+		{"all and a topic", ops.Filter{All: true, Topic: "orders"}, sqladapters.ErrInvalidConfig},
+		{"all and ids", ops.Filter{All: true, IDs: ids[:1]}, sqladapters.ErrInvalidConfig},
+	} {
+		for verb, change := range map[string]func(context.Context, ops.Filter, ops.ChangeOptions) (int64, error){
+			"requeue": f.o.Requeue, "discard": f.o.Discard,
+		} {
+			n, err := change(f.ctx, c.filter, ops.ChangeOptions{})
+			if !errors.Is(err, c.want) || n != 0 || !strings.Contains(err.Error(), "Filter.All") || !strings.Contains(err.Error(), verb) {
+				t.Fatalf("%s with the filter %s (%+v): %d, %v; want %v naming Filter.All and %s", verb, c.name, c.filter, n, err, c.want, verb)
+			}
+		}
+	}
+	if got := f.deadIDs(ops.Filter{}); !slices.Equal(got, ids) {
+		t.Fatalf("dead letters after refused changes: %v, want all of %v", got, ids)
+	}
+	if n, err := f.o.CountDeadLetters(f.ctx, ops.Filter{All: true}); err != nil || n != 3 {
+		t.Fatalf("count with All: %d, %v; want 3", n, err)
+	}
+	if n, err := f.o.Requeue(f.ctx, ops.Filter{All: true}, ops.ChangeOptions{BatchSize: 2}); err != nil || n != 3 {
+		t.Fatalf("requeue with All: %d, %v; want 3", n, err)
+	}
+	f.kill(ids[0], "again")
+	if n, err := f.o.Discard(f.ctx, ops.Filter{All: true}, ops.ChangeOptions{}); err != nil || n != 1 {
+		t.Fatalf("discard with All: %d, %v; want 1", n, err)
 	}
 }
 

@@ -42,9 +42,12 @@
 // their ids; a requeue moves a dead letter back. Migration 5 moved the
 // rows of earlier installations there. Delayed messages wait in
 // <outbox>_scheduled (migration 7), indexed by due time, and move into the
-// outbox when due in one statement (DELETE ... FOR UPDATE SKIP LOCKED
-// feeding the INSERT), so scheduled messages never lengthen the pending
-// read; on a partitioned outbox they land in the current partition.
+// outbox when due in one statement (DELETE ... RETURNING feeding the
+// INSERT), so scheduled messages never lengthen the pending read; on a
+// partitioned outbox they land in the current partition. Concurrent moves
+// (one per forwarder instance) take turns on a transaction-scoped advisory
+// lock named after the outbox, so a key's delayed messages reach the
+// outbox, and the destination, in due order.
 //
 // # Behind PgBouncer
 //

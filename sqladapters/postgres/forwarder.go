@@ -190,6 +190,23 @@ ON CONFLICT (instance) DO UPDATE SET expires_at = EXCLUDED.expires_at`,
 	}
 }
 
+// HeartbeatSettings upserts the member row of instance with its settings.
+func (d *sqlDialect) HeartbeatSettings(instance string, ttl time.Duration, settings string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at, settings) VALUES ($1, now() + $2 * interval '1 microsecond', $3)
+ON CONFLICT (instance) DO UPDATE SET expires_at = EXCLUDED.expires_at, settings = EXCLUDED.settings`,
+		Args: []any{instance, micros(ttl), settings},
+	}
+}
+
+// MemberSettings selects the settings of the other live instances.
+func (d *sqlDialect) MemberSettings(instance string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT instance, settings FROM ` + d.members + ` WHERE expires_at > now() AND instance <> $1 ORDER BY instance`,
+		Args: []any{instance},
+	}
+}
+
 // CountMembers counts live instances.
 func (d *sqlDialect) CountMembers() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.members + ` WHERE expires_at > now()`}
@@ -243,10 +260,10 @@ func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqlada
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.
-func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) (sqladapters.Query, bool) {
 	s := d.SelectPending(q)
 	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
-	return s
+	return s, true
 }
 
 // PendingHorizon returns the sequence position, the statement snapshot's
@@ -257,7 +274,7 @@ func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapter
 // letter holding its key, through the hold index, which holds only those,
 // and how many ids the
 // sequence hands each session at once (its CACHE).
-func (d *sqlDialect) PendingHorizon() sqladapters.Query {
+func (d *sqlDialect) PendingHorizon() (sqladapters.Query, bool) {
 	return sqladapters.Query{
 		SQL: `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')), 0),
 	pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
@@ -266,15 +283,15 @@ func (d *sqlDialect) PendingHorizon() sqladapters.Query {
 	coalesce((SELECT min(id) FROM ` + d.dead + ` WHERE holds), 0),
 	(SELECT seqcache FROM pg_sequence WHERE seqrelid = pg_get_serial_sequence($1, 'id')::regclass)`,
 		Args: []any{d.outbox},
-	}
+	}, true
 }
 
 // HighWaterMark returns the position of the outbox's id sequence: one
 // catalog lookup and a read of the sequence, however large or bloated the
 // table (max(id) would walk the index over deleted rows).
-func (d *sqlDialect) HighWaterMark() sqladapters.Query {
+func (d *sqlDialect) HighWaterMark() (sqladapters.Query, bool) {
 	return sqladapters.Query{
 		SQL:  `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence($1, 'id')), 0)`,
 		Args: []any{d.outbox},
-	}
+	}, true
 }

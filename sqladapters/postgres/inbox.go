@@ -40,7 +40,7 @@ AND received_at < $1`,
 // starts after the entries of the rows already deleted, which stay in
 // received_idx until vacuum; from the start, a batch late in the deletion
 // of millions of rows would walk every one of them.
-func (d *sqlDialect) DeleteInboxRange(from, before time.Time, limit int) sqladapters.Query {
+func (d *sqlDialect) DeleteInboxRange(from, before time.Time, limit int) (sqladapters.Query, bool) {
 	return sqladapters.Query{
 		SQL: `WITH deleted AS (
 	DELETE FROM ` + d.inbox + ` WHERE ctid = ANY(ARRAY(
@@ -50,5 +50,5 @@ func (d *sqlDialect) DeleteInboxRange(from, before time.Time, limit int) sqladap
 	RETURNING received_at)
 SELECT count(*), coalesce(max(received_at), $1) FROM deleted`,
 		Args: []any{from, before},
-	}
+	}, true
 }

@@ -133,6 +133,18 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 		Name:       "scheduled messages",
 		Statements: d.scheduledTable(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 8,
+		Name:    "settings of the live forwarder instances",
+		Statements: []string{
+			// Each instance records the settings every instance of the
+			// outbox must agree on (HeartbeatSettings). A nullable column
+			// without a default is added without rewriting anything, and
+			// processes of earlier versions, which never name it, work on
+			// unchanged: their rows hold none.
+			`ALTER TABLE ` + d.members + ` ADD COLUMN IF NOT EXISTS settings text`,
+		},
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}
@@ -252,6 +264,18 @@ func (d *sqlDialect) Schema() (string, sqladapters.Query) {
 	return d.opts.Schema, sqladapters.Query{SQL: `SELECT current_schema()`}
 }
 
+// CreateSchema creates Options.Schema, when set.
+func (d *sqlDialect) CreateSchema() []sqladapters.Query {
+	if d.opts.Schema == "" {
+		return nil
+	}
+	return []sqladapters.Query{{SQL: `CREATE SCHEMA IF NOT EXISTS ` + quote(d.opts.Schema)}}
+}
+
+// ScriptNote says that the statements may run again: each finds its work
+// done.
+func (d *sqlDialect) ScriptNote() string { return "Statements are idempotent." }
+
 // CreateMigrationsTable creates the schema (when set) and the version table.
 //
 // It runs under the migration lock, but a session keeps the catalog
@@ -266,9 +290,8 @@ func (d *sqlDialect) Schema() (string, sqladapters.Query) {
 func (d *sqlDialect) CreateMigrationsTable() []sqladapters.Query {
 	var qs []sqladapters.Query
 	if d.opts.Schema != "" {
-		qs = append(qs,
-			sqladapters.Query{SQL: `SELECT FROM pg_catalog.pg_namespace LIMIT 0`},
-			sqladapters.Query{SQL: `CREATE SCHEMA IF NOT EXISTS ` + quote(d.opts.Schema)})
+		qs = append(qs, sqladapters.Query{SQL: `SELECT FROM pg_catalog.pg_namespace LIMIT 0`})
+		qs = append(qs, d.CreateSchema()...)
 	}
 	return append(qs, sqladapters.Query{SQL: `CREATE TABLE IF NOT EXISTS ` + d.migrate + ` (
 	version    integer PRIMARY KEY,

@@ -65,10 +65,10 @@ func (d *sqlDialect) MaxMessageBytes() int { return MaxMessageBytes }
 // Savepoint returns the statements the publisher writes a call of several
 // INSERTs under, so that a failed call leaves nothing behind and the
 // transaction usable.
-func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query) {
+func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query, ok bool) {
 	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
-		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
+		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}, true
 }
 
 // insertTypes are the casts of one row's parameters, in column order.
@@ -119,6 +119,6 @@ func (d *sqlDialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) 
 // a notification on NotifyChannel with the payload "probe", for someone
 // watching the channel by hand; listeners wake for it as for a commit. It
 // is only meaningful with Options.Notify.
-func (d *sqlDialect) NotifyProbe() sqladapters.Query {
-	return sqladapters.Query{SQL: `SELECT pg_notify($1, 'probe')`, Args: []any{d.channel}}
+func (d *sqlDialect) NotifyProbe() (sqladapters.Query, bool) {
+	return sqladapters.Query{SQL: `SELECT pg_notify($1, 'probe')`, Args: []any{d.channel}}, true
 }

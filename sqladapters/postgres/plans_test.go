@@ -18,13 +18,14 @@ import (
 	"github.com/millbox/millbox/sqladapters/postgres"
 )
 
-// planBuilder is the part of the Postgres SQL builder whose plans these
-// tests read: the store's statements, the pending read's variant with
-// ages, and its backlog settings.
-type planBuilder interface {
-	sqlstore.Builder
-	sqlstore.PendingAges
-	sqlstore.PendingReadSetup
+// planBuilder is the Postgres SQL builder whose plans these tests read,
+// with the pending read's variant with ages, which the forwarder runs.
+type planBuilder struct{ sqlstore.Builder }
+
+// SelectPendingWithAge returns the pending read with ages.
+func (b planBuilder) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+	s, _ := b.Builder.SelectPendingWithAge(q)
+	return s
 }
 
 // planBuilderOf returns the SQL builder behind d.
@@ -34,11 +35,10 @@ func planBuilderOf(t *testing.T, d sqladapters.Dialect) planBuilder {
 	if !ok {
 		t.Fatal("the dialect has no SQL builder")
 	}
-	pb, ok := b.(planBuilder)
-	if !ok {
-		t.Fatalf("the Postgres builder %T lacks a statement the plan tests read", b)
+	if _, ok := b.SelectPendingWithAge(sqladapters.PendingQuery{}); !ok || len(b.PendingReadSetup()) == 0 {
+		t.Fatalf("the Postgres builder %T declares no pending read with ages or no backlog settings", b)
 	}
-	return pb
+	return planBuilder{b}
 }
 
 // planText runs explain (an EXPLAIN command) of q on e and returns the plan, one line per row.
@@ -613,7 +613,7 @@ func TestPlanPendingReadIgnoresScheduledRows(t *testing.T) {
 	}
 
 	for name, q := range map[string]sqladapters.Query{
-		"MoveDue": b.(sqlstore.DueMover).MoveDue(time.Now(), 1000)[0],
+		"MoveDue": b.MoveDue(time.Now(), 1000).Move(nil)[0],
 		"NextDue": b.NextDue(),
 	} {
 		top, text := explain(q)

@@ -37,7 +37,10 @@ type Options struct {
 	// leases, members and migrations are named after it with the suffixes
 	// _dead, _kept, _scheduled, _leases, _members and _migrations.
 	OutboxTable string
-	// InboxTable defaults to DefaultInboxTable.
+	// InboxTable defaults to DefaultInboxTable. New refuses a name that
+	// the migrations give a table or index of the outbox (such as
+	// OutboxTable with _dead or _scheduled), and an OutboxTable whose
+	// names take one of the inbox's.
 	InboxTable string
 	// WithoutInbox leaves the inbox table out of the migrations, for an
 	// application that only publishes. The inbox then fails with a
@@ -110,15 +113,15 @@ func newSQL(opts Options) (*sqlDialect, error) {
 			return nil, err
 		}
 	}
-	if opts.OutboxTable == opts.InboxTable {
-		return nil, fmt.Errorf("%w: postgres.Options.OutboxTable and InboxTable are both %q", sqladapters.ErrInvalidName, opts.OutboxTable)
-	}
 	if opts.Partitioned != nil {
 		p := opts.Partitioned.withDefaults()
 		if err := p.Validate(); err != nil {
 			return nil, err
 		}
 		opts.Partitioned = &p
+	}
+	if err := sqlstore.CheckNames("postgres.Options", opts.OutboxTable, opts.InboxTable, objects(opts), false); err != nil {
+		return nil, err
 	}
 	d := &sqlDialect{opts: opts}
 	d.outbox = d.qualify(opts.OutboxTable)
@@ -270,5 +273,56 @@ func (d *Dialect) Options() Options { return d.sql.opts }
 // and migrations, then the dead letters, the kept rows and the scheduled
 // messages.
 func (d *Dialect) Tables() []string {
-	return []string{d.sql.outbox, d.sql.leases, d.sql.members, d.sql.inbox, d.sql.migrate, d.sql.dead, d.sql.kept, d.sql.scheduled}
+	names := sqlstore.TableNames(d.sql.Objects())
+	for i, n := range names {
+		names[i] = d.sql.qualify(n)
+	}
+	return names
+}
+
+// Objects lists the names the migrations of opts create (see
+// sqlstore.Object).
+func (d *sqlDialect) Objects() []sqlstore.Object { return objects(d.opts) }
+
+// objects lists every name the migrations create in the schema: the
+// tables in the order of Tables, then the indexes (those of earlier
+// versions that a later one drops too), the indexes and sequences Postgres
+// names itself, and, on a partitioned outbox, the default partitions and
+// the start of the names of the others.
+func objects(opts Options) []sqlstore.Object {
+	o, i := opts.OutboxTable, opts.InboxTable
+	tables := []string{o, o + "_leases", o + "_members", i, o + "_migrations", o + deadSuffix, o + keptSuffix, o + scheduledSuffix}
+	var objs []sqlstore.Object
+	for _, t := range tables {
+		objs = append(objs, sqlstore.Object{Name: t, Table: true})
+	}
+	names := []string{
+		o + "_pending_idx", o + "_retry_idx", o + "_dead_idx", o + "_dead_fp_idx", o + deadFPSuffix, o + deadHoldSuffix,
+		o + "_sched_idx", i + "_received_idx", implicitName(o, "id_seq"), implicitName(o+scheduledSuffix, "id_seq"),
+	}
+	for _, t := range tables {
+		names = append(names, implicitName(t, "pkey"))
+	}
+	if opts.Partitioned != nil {
+		for _, t := range []string{o + defaultSuffix, o + keptSuffix + defaultSuffix} {
+			names = append(names, t, implicitName(t, "pkey"))
+		}
+		names = append(names, implicitName(o+defaultSuffix, "key_hash_id_idx"))
+		objs = append(objs, sqlstore.Object{Name: o + "_p", Prefix: true}, sqlstore.Object{Name: o + keptPartitionInfix, Prefix: true})
+	}
+	for _, n := range names {
+		objs = append(objs, sqlstore.Object{Name: n})
+	}
+	return objs
+}
+
+// implicitName is the name Postgres gives the index or sequence label of
+// table (such as its primary key's, "pkey"): the table's name, cut so
+// that the whole fits in 63 bytes, an underscore and label.
+func implicitName(table, label string) string {
+	const maxName = 63
+	if n := maxName - len(label) - 1; len(table) > n {
+		table = table[:n]
+	}
+	return table + "_" + label
 }

@@ -83,3 +83,18 @@ func TestInsertOutboxNotifiesOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestNewRefusesNameClashes checks that no inbox table name leads to a
+// name the outbox's migrations create (its tables of dead letters, kept
+// and scheduled messages, leases, members and migrations, its indexes and
+// sequences, and on a partitioned outbox its partitions), nor an outbox
+// table name to one of the inbox's indexes.
+func TestNewRefusesNameClashes(t *testing.T) {
+	for name, partitioned := range map[string]*postgres.PartitionOptions{"plain": nil, "partitioned": {}} {
+		t.Run(name, func(t *testing.T) {
+			dialecttest.CheckNameClashes(t, func(outbox, inbox string) (sqladapters.Dialect, error) {
+				return postgres.New(postgres.Options{OutboxTable: outbox, InboxTable: inbox, Partitioned: partitioned})
+			}, false)
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 // scheduledSuffix names the table of messages waiting for their due time.
@@ -90,18 +91,28 @@ func (d *sqlDialect) scheduledChunk(msgs []sqladapters.OutboxMessage) sqladapter
 	return sqladapters.Query{SQL: b.String(), Args: args}
 }
 
-// MoveDue moves the due rows in one statement: the DELETE locks up to
-// limit of the earliest due rows, skipping those a concurrent move holds,
-// and the INSERT writes them into the outbox by due time and id, so that
-// outbox ids follow that order. The DELETE hands a row to the INSERT only
-// once it has deleted it, which gives the transaction its id before the
-// identity default draws the first row id, as PendingHorizon needs (the
-// outbox insert takes it with a filter, see InsertOutbox); a move that
-// finds nothing due takes no transaction id and writes nothing. The rows
-// get a new created_at: their age counts from when they became due, and
-// on a partitioned outbox they land in the current partition.
-func (d *sqlDialect) MoveDue(now time.Time, limit int) []sqladapters.Query {
-	return []sqladapters.Query{{
+// MoveDue moves the due rows in one statement, after a
+// transaction-scoped advisory lock named after the outbox that makes
+// concurrent moves take turns. Without it, two moves would each lock a
+// share of one key's due rows (SKIP LOCKED lets the second pass the
+// first's) and draw their outbox ids and commit in any order, so the
+// forwarder would send the key's rows out of due order. Waiting for the
+// lock rather than trying it keeps a mover that finds it taken from
+// looking again in a loop: the wait lasts one batch, and the statement
+// after it sees what the move it waited for committed.
+//
+// The DELETE locks up to limit of the earliest due rows, skipping any that
+// a mover of an earlier version holds, and the INSERT writes them into the
+// outbox by due time and id, so that outbox ids follow that order. The
+// DELETE hands a row to the INSERT only once it has deleted it, which
+// gives the transaction its id before the identity default draws the
+// first row id, as PendingHorizon needs (the outbox insert takes it with a
+// filter, see InsertOutbox); a move that finds nothing due takes no
+// transaction id and writes nothing. The rows get a new created_at: their
+// age counts from when they became due, and on a partitioned outbox they
+// land in the current partition.
+func (d *sqlDialect) MoveDue(now time.Time, limit int) sqlstore.DueMove {
+	move := sqladapters.Query{
 		SQL: `WITH due AS (
 	DELETE FROM ` + d.scheduled + ` WHERE id IN (
 		SELECT id FROM ` + d.scheduled + ` WHERE due_at <= $1
@@ -110,8 +121,19 @@ func (d *sqlDialect) MoveDue(now time.Time, limit int) []sqladapters.Query {
 INSERT INTO ` + d.outbox + ` (topic, uuid, payload, metadata, key, key_hash)
 SELECT topic, uuid, payload, metadata, key, key_hash FROM due ORDER BY due_at, id`,
 		Args: []any{now.UTC(), limit},
-	}}
+	}
+	return sqlstore.DueMove{
+		Lock: sqladapters.Query{
+			SQL:  `SELECT pg_advisory_xact_lock(hashtext($1))`,
+			Args: []any{"millbox.move:" + d.opts.Schema + "." + d.opts.OutboxTable},
+		},
+		Move: func([]int64) []sqladapters.Query { return []sqladapters.Query{move} },
+	}
 }
+
+// RetryMove returns false: moves wait for each other at the lock and never
+// deadlock.
+func (d *sqlDialect) RetryMove(error) bool { return false }
 
 // nextDueMicros is the earliest due time of the scheduled table in
 // microseconds since the Unix epoch, NULL when it is empty; it reads one

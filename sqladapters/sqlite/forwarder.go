@@ -174,6 +174,23 @@ ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at`,
 	}
 }
 
+// HeartbeatSettings upserts the member row of instance with its settings.
+func (d *sqlDialect) HeartbeatSettings(instance string, ttl time.Duration, settings string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL: `INSERT INTO ` + d.members + ` (instance, expires_at, settings) VALUES (?, ` + nowPlus + `, ?)
+ON CONFLICT (instance) DO UPDATE SET expires_at = excluded.expires_at, settings = excluded.settings`,
+		Args: []any{instance, offset(ttl), settings},
+	}
+}
+
+// MemberSettings selects the settings of the other live instances.
+func (d *sqlDialect) MemberSettings(instance string) sqladapters.Query {
+	return sqladapters.Query{
+		SQL:  `SELECT instance, settings FROM ` + d.members + ` WHERE expires_at > ` + now + ` AND instance <> ? ORDER BY instance`,
+		Args: []any{instance},
+	}
+}
+
 // CountMembers counts live instances.
 func (d *sqlDialect) CountMembers() sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT count(*) FROM ` + d.members + ` WHERE expires_at > ` + now}
@@ -231,16 +248,16 @@ func (d *sqlDialect) ReleasePartitions(instance string, partitions []int) sqlada
 // age in microseconds by the database's clock, from which the forwarder
 // measures commit-to-acknowledgement latency without trusting the
 // application's clock.
-func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query {
+func (d *sqlDialect) SelectPendingWithAge(q sqladapters.PendingQuery) (sqladapters.Query, bool) {
 	s := d.SelectPending(q)
 	s.SQL = strings.Replace(s.SQL, rowColumns+` FROM`, rowColumns+`, `+ageMicros(`o.created_at`)+` FROM`, 1)
-	return s
+	return s, true
 }
 
 // HighWaterMark returns the largest id in the outbox: the rightmost entry
 // of the table's b-tree.
-func (d *sqlDialect) HighWaterMark() sqladapters.Query {
-	return sqladapters.Query{SQL: `SELECT coalesce(max(id), 0) FROM ` + d.outbox}
+func (d *sqlDialect) HighWaterMark() (sqladapters.Query, bool) {
+	return sqladapters.Query{SQL: `SELECT coalesce(max(id), 0) FROM ` + d.outbox}, true
 }
 
 // timeFormat is the text form of now: strftime('%Y-%m-%dT%H:%M:%fZ').

@@ -156,6 +156,17 @@ ON CONFLICT (id) DO NOTHING`,
 		Name:       "scheduled messages",
 		Statements: d.scheduledTable(),
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 8,
+		Name:    "settings of the live forwarder instances",
+		// Each instance records the settings every instance of the outbox
+		// must agree on (HeartbeatSettings). Processes of earlier
+		// versions, which never name the column, work on unchanged: their
+		// rows hold none.
+		Statements: []string{
+			`ALTER TABLE ` + d.members + ` ADD COLUMN settings TEXT`,
+		},
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}
@@ -217,6 +228,15 @@ const inboxVersion = 3
 func (d *sqlDialect) LockMigrations() (lock, unlock sqladapters.Query) {
 	return sqladapters.Query{SQL: `CREATE TABLE ` + d.migrateLock + ` (held INTEGER)`},
 		sqladapters.Query{SQL: `DROP TABLE ` + d.migrateLock}
+}
+
+// CreateSchema returns none: an SQLite database is its file.
+func (d *sqlDialect) CreateSchema() []sqladapters.Query { return nil }
+
+// ScriptNote says that each version must run once: SQLite cannot add a
+// column only where it is missing.
+func (d *sqlDialect) ScriptNote() string {
+	return "Apply each version once: SQLite cannot add a column only if it is missing."
 }
 
 // CreateMigrationsTable creates the version table.

@@ -24,10 +24,10 @@ func (d *sqlDialect) MaxMessageBytes() int { return MaxMessageBytes }
 
 // Savepoint returns the statements the publisher writes a call of several
 // INSERTs under, so that a failed call leaves nothing behind.
-func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query) {
+func (d *sqlDialect) Savepoint() (set, rollback, release sqladapters.Query, ok bool) {
 	return sqladapters.Query{SQL: `SAVEPOINT ` + savepoint},
 		sqladapters.Query{SQL: `ROLLBACK TO SAVEPOINT ` + savepoint},
-		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}
+		sqladapters.Query{SQL: `RELEASE SAVEPOINT ` + savepoint}, true
 }
 
 // InsertOutbox inserts msgs with one multi-row INSERT per 5,000 messages.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 // scheduledTable returns the statements of version 7: the table of
@@ -64,12 +65,12 @@ func (d *sqlDialect) scheduledChunk(msgs []sqladapters.OutboxMessage) sqladapter
 // MoveDue copies the earliest due rows into the outbox by due time and id
 // and then deletes them. SQLite runs one writer at a time, and the
 // INSERT makes this transaction the writer, so the DELETE finds the same
-// rows. The rows get a new created_at: their age counts from when they
-// became due.
-func (d *sqlDialect) MoveDue(now time.Time, limit int) []sqladapters.Query {
+// rows, and moves take turns without a lock of their own. The rows get a
+// new created_at: their age counts from when they became due.
+func (d *sqlDialect) MoveDue(now time.Time, limit int) sqlstore.DueMove {
 	due := `SELECT id FROM ` + d.scheduled + ` WHERE due_at <= ? ORDER BY due_at, id LIMIT ?`
 	args := []any{now.UnixMicro(), limit}
-	return []sqladapters.Query{{
+	qs := []sqladapters.Query{{
 		SQL: `INSERT INTO ` + d.outbox + ` (topic, uuid, payload, metadata, key, key_hash)
 SELECT topic, uuid, payload, metadata, key, key_hash FROM ` + d.scheduled + ` WHERE id IN (` + due + `) ORDER BY due_at, id`,
 		Args: args,
@@ -77,7 +78,11 @@ SELECT topic, uuid, payload, metadata, key, key_hash FROM ` + d.scheduled + ` WH
 		SQL:  `DELETE FROM ` + d.scheduled + ` WHERE id IN (` + due + `)`,
 		Args: args,
 	}}
+	return sqlstore.DueMove{Move: func([]int64) []sqladapters.Query { return qs }}
 }
+
+// RetryMove returns false: SQLite's one writer never deadlocks.
+func (d *sqlDialect) RetryMove(error) bool { return false }
 
 // nextDueMicros is the earliest due time of the scheduled table, NULL when
 // it is empty; it reads one entry of the due-time index.

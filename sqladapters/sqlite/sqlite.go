@@ -48,7 +48,10 @@ type Options struct {
 	// leases, members and migrations are named after it with the suffixes
 	// _dead, _kept, _scheduled, _leases, _members and _migrations.
 	OutboxTable string
-	// InboxTable defaults to DefaultInboxTable.
+	// InboxTable defaults to DefaultInboxTable. New refuses a name that
+	// the migrations give a table or index of the outbox (such as
+	// OutboxTable with _dead or _scheduled), and an OutboxTable whose
+	// names take one of the inbox's.
 	InboxTable string
 	// WithoutInbox leaves the inbox table out of the migrations, for an
 	// application that only publishes. The inbox then fails with a
@@ -106,13 +109,8 @@ func newSQL(opts Options) (*sqlDialect, error) {
 	}
 	// Tables and indexes share one namespace, in which SQLite compares
 	// names case-insensitively.
-	seen := map[string]bool{}
-	for _, name := range objectNames(opts) {
-		if seen[strings.ToLower(name)] {
-			return nil, fmt.Errorf("%w: sqlite.Options.OutboxTable %q and InboxTable %q both lead to a table or index named %q",
-				sqladapters.ErrInvalidName, opts.OutboxTable, opts.InboxTable, name)
-		}
-		seen[strings.ToLower(name)] = true
+	if err := sqlstore.CheckNames("sqlite.Options", opts.OutboxTable, opts.InboxTable, objects(opts), true); err != nil {
+		return nil, err
 	}
 	return &sqlDialect{
 		opts:        opts,
@@ -138,15 +136,22 @@ func MustNew(opts Options) *Dialect {
 	return d
 }
 
-// objectNames lists every table and index an installation creates.
-func objectNames(opts Options) []string {
+// objects lists every table and index the migrations create, the tables
+// in the order of Tables, then the indexes (those of earlier versions that
+// a later one drops too) and the table that serializes migrators.
+func objects(opts Options) []sqlstore.Object {
 	o, i := opts.OutboxTable, opts.InboxTable
-	return []string{
-		o, o + "_pending_idx", o + "_retry_idx", o + "_dead_idx", o + "_dead_fp_idx",
-		o + "_leases", o + "_members", o + "_migrations", o + "_migration_lock",
-		o + "_dead", o + "_kept", o + "_deadfp_idx", o + "_scheduled", o + "_sched_idx",
-		i, i + "_received_idx",
+	var objs []sqlstore.Object
+	for _, t := range []string{o, o + "_leases", o + "_members", i, o + "_migrations", o + "_dead", o + "_kept", o + "_scheduled"} {
+		objs = append(objs, sqlstore.Object{Name: t, Table: true})
 	}
+	for _, n := range []string{
+		o + "_pending_idx", o + "_retry_idx", o + "_dead_idx", o + "_dead_fp_idx", o + "_deadfp_idx", o + "_deadhold_idx",
+		o + "_sched_idx", i + "_received_idx", o + "_migration_lock",
+	} {
+		objs = append(objs, sqlstore.Object{Name: n})
+	}
+	return objs
 }
 
 // quote double-quotes a validated identifier, which never contains a quote.
@@ -254,5 +259,13 @@ func (d *Dialect) Options() Options { return d.sql.opts }
 func (d *Dialect) Tables() []string { return d.sql.tables() }
 
 func (d *sqlDialect) tables() []string {
-	return []string{d.outbox, d.leases, d.members, d.inbox, d.migrate, d.dead, d.kept, d.scheduled}
+	names := sqlstore.TableNames(d.Objects())
+	for i, n := range names {
+		names[i] = quote(n)
+	}
+	return names
 }
+
+// Objects lists the tables and indexes the migrations create (see
+// sqlstore.Object).
+func (d *sqlDialect) Objects() []sqlstore.Object { return objects(d.opts) }

@@ -135,3 +135,13 @@ type codeErr struct {
 
 func (e *codeErr) Error() string { return e.msg }
 func (e *codeErr) Code() int     { return e.code }
+
+// TestSQLiteNewRefusesNameClashes checks that no inbox table name leads to
+// a name the outbox's migrations create (tables and indexes share one
+// namespace), nor an outbox table name to one of the inbox's indexes,
+// whatever their case.
+func TestSQLiteNewRefusesNameClashes(t *testing.T) {
+	dialecttest.CheckNameClashes(t, func(outbox, inbox string) (sqladapters.Dialect, error) {
+		return New(Options{OutboxTable: outbox, InboxTable: inbox})
+	}, true)
+}

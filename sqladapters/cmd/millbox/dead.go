@@ -35,8 +35,8 @@ type deadFlags struct {
 var deadAllowed = map[string][]string{
 	"list":    {"topic", "key", "error", "older-than", "newer-than", "group-by-error", "limit", "after", "json"},
 	"show":    {"json"},
-	"requeue": {"topic", "key", "error", "older-than", "newer-than", "dry-run", "yes", "batch"},
-	"discard": {"topic", "key", "error", "older-than", "newer-than", "dry-run", "yes", "batch"},
+	"requeue": {"topic", "key", "error", "older-than", "newer-than", "all", "dry-run", "yes", "batch"},
+	"discard": {"topic", "key", "error", "older-than", "newer-than", "all", "dry-run", "yes", "batch"},
 	"held":    {"limit", "json"},
 }
 
@@ -53,6 +53,7 @@ func deadCmd(ctx context.Context, e env, args []string) error {
 	fs.IntVar(&f.limit, "limit", ops.DefaultListLimit, "list: at most this many dead letters (or error groups)")
 	fs.Int64Var(&f.after, "after", 0, "list: start after this id, to page through many")
 	fs.BoolVar(&f.asJSON, "json", false, "list, show: print JSON")
+	fs.BoolVar(&f.filter.All, "all", false, "requeue, discard: every dead letter (instead of ids or filters)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "requeue, discard: count what would change, change nothing")
 	fs.BoolVar(&f.yes, "yes", false, "requeue, discard: really change the rows a filter selects")
 	fs.IntVar(&f.batch, "batch", ops.DefaultBatchSize, "requeue, discard: rows changed per statement")
@@ -113,6 +114,14 @@ func deadCmd(ctx context.Context, e env, args []string) error {
 			return usagef("dead %s: %q is not an id", sub, a)
 		}
 		f.filter.IDs = append(f.filter.IDs, id)
+	}
+	// A change of every dead letter is said with --all, never left to an
+	// empty filter: a script whose variable came out empty changes nothing.
+	switch {
+	case f.filter.All && !f.filter.IsZero():
+		return usagef("dead %s: --all means every dead letter; give it without ids and filters, or leave it out", sub)
+	case !f.filter.All && f.filter.IsZero():
+		return usagef("dead %s needs ids, a filter, or --all for every dead letter; run 'millbox help dead'", sub)
 	}
 	return deadChange(ctx, e, &f, sub)
 }
@@ -306,7 +315,7 @@ func deadChange(ctx context.Context, e env, f *deadFlags, sub string) error {
 	// anything selected by a filter, and every discard, needs --yes.
 	if !f.yes && (sub == "discard" || len(f.filter.IDs) == 0) {
 		what := "matching the filter"
-		if f.filter.IsZero() {
+		if f.filter.All {
 			what = "(every dead letter)"
 		}
 		return usagef("refusing to %s %s %s without --yes; check them with: %s (or add --dry-run), and add --yes to go ahead", verb, count(n, "dead letter"), what, f.hint("dead list"+filterFlags(f.filter)))

@@ -44,8 +44,12 @@
 //
 // # Changes are safe next to running forwarders
 //
-// dead requeue with a filter and dead discard are refused without --yes
-// (exit status 2); --dry-run counts what they, and prune, would change.
+// dead requeue and dead discard act on the ids named, the dead letters a
+// filter selects, or every dead letter with --all, and refuse to run with
+// none of these (exit status 2), so that an empty filter never changes
+// every dead letter. dead requeue with a filter or --all and dead discard
+// are refused without --yes (exit status 2); --dry-run counts what they,
+// and prune, would change.
 // Requeue only makes dead rows pending again (a requeued row's age counts
 // from its requeue; one that held its key goes before the key's waiting
 // messages); prune works in bounded batches and never touches

@@ -19,7 +19,7 @@ Commands:
   dead list         list dead letters, filtered, or grouped by error (--group-by-error)
   dead show ID      one dead letter with its error, metadata and payload
   dead held         keys held by dead letters, with the messages waiting behind each
-  dead requeue      send dead letters again (--dry-run to count, --yes for a filter)
+  dead requeue      send dead letters again (--dry-run to count, --yes for a filter or --all)
   dead discard      delete dead letters (--dry-run to count, --yes to do it)
   prune             delete forwarded rows kept for audit and old inbox records, in batches
   partitions list   the partitions of a time-partitioned Postgres outbox, with their rows
@@ -109,11 +109,11 @@ const deadUsage = `Usage:
   millbox dead list    [filters] [--group-by-error] [--limit N] [--after ID] [--json]
   millbox dead show    ID [--json]
   millbox dead held    [--limit N] [--json]
-  millbox dead requeue [ID...] [filters] [--dry-run] [--yes] [--batch N]
-  millbox dead discard [ID...] [filters] [--dry-run] [--yes] [--batch N]
+  millbox dead requeue {ID... | filters | --all} [--dry-run] [--yes] [--batch N]
+  millbox dead discard {ID... | filters | --all} [--dry-run] [--yes] [--batch N]
 
-A dead letter is an outbox row that failed more often than the forwarder's MaxAttempts.
-It moves to the dead letters' table (the outbox's name with _dead) with its last error,
+A dead letter is a message that failed more often than the forwarder's MaxAttempts.
+It leaves the outbox for the dead letters' table (the outbox's name with _dead) with its last error,
 under its id, and stays there until it is requeued or discarded.
 
 Filters (all must match):
@@ -123,15 +123,18 @@ Filters (all must match):
   --older-than D     died longer ago than D (30s, 15m, 36h, 7d, 1d12h)
   --newer-than D     died within the last D
   ID...              these ids (requeue, discard)
+  --all              every dead letter (requeue, discard; alone: no ids or filters)
 
 held lists the ordering keys a dead letter holds (forwarders with
 DeadLetterHoldsKey): their later messages wait in the outbox, counted in HELD. Requeue
 the dead letter to send it and then them, in order; discard it to let them go on.
 
 requeue moves the rows back into the outbox, pending with zero attempts; the forwarder
-sends them as soon as it reads them. Requeue of the ids you name runs at once; requeue by a filter,
-or of every dead letter, needs --yes. discard deletes rows for good and always needs
---yes. --dry-run counts what would change and changes nothing.
+sends them as soon as it reads them. requeue and discard act on the ids you name, the
+dead letters a filter selects, or with --all every dead letter: without any of them they
+refuse. Requeue of the ids you name runs at once; requeue by a filter or --all needs
+--yes. discard deletes rows for good and always needs --yes. --dry-run counts what
+would change and changes nothing.
 
 Examples:
   millbox dead list --group-by-error

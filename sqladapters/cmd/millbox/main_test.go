@@ -391,17 +391,33 @@ func exercise(t *testing.T, in installation) {
 		{"dead", "discard", "--error", "schema"},
 		{"dead", "discard", strconv.FormatInt(ids["o-3"], 10)},
 		{"dead", "requeue", "--topic", "orders"},
-		{"dead", "requeue"},
+		{"dead", "requeue", "--all"},
+		{"dead", "discard", "--all"},
 	} {
 		r := runCmd(t, cli(args...)...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, "--yes") {
 			t.Fatalf("%v without --yes: want exit 2 asking for --yes, got %s", args, r)
 		}
 	}
+	// Every dead letter is said with --all, alone: an empty filter, as a
+	// script whose variable came out empty gives, changes nothing.
+	for _, args := range [][]string{
+		{"dead", "requeue", "--yes"},
+		{"dead", "discard", "--yes"},
+		{"dead", "discard", "--error", "", "--yes"},
+		{"dead", "requeue", "--dry-run"},
+		{"dead", "discard", "--all", "--topic", "orders", "--yes"},
+		{"dead", "requeue", "--all", strconv.FormatInt(ids["o-1"], 10)},
+	} {
+		r := runCmd(t, cli(args...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "--all") {
+			t.Fatalf("%v: want exit 2 naming --all, got %s", args, r)
+		}
+	}
 	if r := mustRun(t, cli("dead", "requeue", "--error", "refused", "--dry-run")...); !strings.Contains(r.stdout, "would requeue 2 dead letters") {
 		t.Fatalf("dry run: %s", r)
 	}
-	if r := mustRun(t, cli("dead", "discard", "--dry-run")...); !strings.Contains(r.stdout, "would discard 3 dead letters") {
+	if r := mustRun(t, cli("dead", "discard", "--all", "--dry-run")...); !strings.Contains(r.stdout, "would discard 3 dead letters") {
 		t.Fatalf("dry run: %s", r)
 	}
 	if n := deadCount(); n != 3 {
@@ -709,12 +725,13 @@ func TestMigrateSQL(t *testing.T) {
 		want []string
 		not  []string
 	}{
-		{[]string{"--db", "postgres", "--schema", "messaging"}, []string{`CREATE SCHEMA IF NOT EXISTS "messaging";`, `CREATE TABLE IF NOT EXISTS "messaging"."millbox_outbox"`, `"messaging"."millbox_inbox"`}, nil},
+		{[]string{"--db", "postgres", "--schema", "messaging"}, []string{"Statements are idempotent", "-- millbox postgres migration 1:", `CREATE SCHEMA IF NOT EXISTS "messaging";`, `CREATE TABLE IF NOT EXISTS "messaging"."millbox_outbox"`, `"messaging"."millbox_inbox"`}, nil},
 		{[]string{"--dsn", "postgres://localhost:1/app"}, []string{`CREATE TABLE IF NOT EXISTS "millbox_outbox"`}, []string{"CREATE SCHEMA"}},
 		{[]string{"--dsn", "postgres://localhost:1/app", "--schema", "app"}, []string{`CREATE SCHEMA IF NOT EXISTS "app";`, `CREATE TABLE IF NOT EXISTS "app"."millbox_outbox"`}, nil},
 		{[]string{"--db", "postgres", "--schema", "app", "--partitioned"}, []string{`CREATE SCHEMA IF NOT EXISTS "app";`, `"app"."millbox_outbox"`}, nil},
 		{[]string{"--db", "mysql", "--schema", "shop", "--outbox-table", "events"}, []string{"CREATE DATABASE IF NOT EXISTS `shop`", "`shop`.`events`"}, nil},
-		{[]string{"--dsn", "sqlite://x.db", "--inbox-table", "seen"}, []string{`CREATE TABLE IF NOT EXISTS "seen"`}, []string{"CREATE SCHEMA"}},
+		{[]string{"--dsn", "sqlite://x.db", "--inbox-table", "seen"}, []string{`CREATE TABLE IF NOT EXISTS "seen"`, "Apply each version once"}, []string{"CREATE SCHEMA", "idempotent"}},
+		{[]string{"--db", "mysql"}, []string{"Statements are idempotent", "-- millbox mysql migration 1:"}, []string{"CREATE DATABASE"}},
 		{[]string{"--db", "postgres", "--without-inbox"}, []string{`CREATE TABLE IF NOT EXISTS "millbox_outbox"`}, []string{`CREATE TABLE IF NOT EXISTS "millbox_inbox"`}},
 		{[]string{"--db", "mysql", "--without-inbox"}, []string{"CREATE TABLE IF NOT EXISTS `millbox_outbox`"}, []string{"CREATE TABLE IF NOT EXISTS `millbox_inbox`"}},
 	} {

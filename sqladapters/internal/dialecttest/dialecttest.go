@@ -1,7 +1,10 @@
 package dialecttest
 
 import (
+	"errors"
 	"fmt"
+	"strings"
+	"testing"
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
@@ -23,13 +26,15 @@ func Builder(d sqladapters.Dialect) sqlstore.Builder {
 // the forwarder runs. It panics for a builder that reads no ages.
 func PendingReads(d sqladapters.Dialect) map[string]func(sqladapters.PendingQuery) sqladapters.Query {
 	b := Builder(d)
-	ages, ok := b.(sqlstore.PendingAges)
-	if !ok {
+	if _, ok := b.SelectPendingWithAge(sqladapters.PendingQuery{}); !ok {
 		panic(fmt.Sprintf("dialecttest: the builder %T reads no ages", b))
 	}
 	return map[string]func(sqladapters.PendingQuery) sqladapters.Query{
-		"SelectPending":        b.SelectPending,
-		"SelectPendingWithAge": ages.SelectPendingWithAge,
+		"SelectPending": b.SelectPending,
+		"SelectPendingWithAge": func(q sqladapters.PendingQuery) sqladapters.Query {
+			s, _ := b.SelectPendingWithAge(q)
+			return s
+		},
 	}
 }
 
@@ -81,21 +86,32 @@ func Statements(dialect sqladapters.Dialect) map[string]sqladapters.Query {
 			qs[fmt.Sprint(name, i)] = q
 		}
 	}
-	if m, ok := d.(sqlstore.DueMover); ok {
-		for i, q := range m.MoveDue(time.Now(), 10) {
-			qs[fmt.Sprint("MoveDue", i)] = q
+	move := d.MoveDue(time.Now(), 10)
+	if move.Lock.SQL != "" {
+		qs["MoveDueLock"] = move.Lock
+	}
+	var claimed []int64
+	if move.Claim.SQL != "" {
+		qs["ClaimDue"] = move.Claim
+		claimed = []int64{1, 2}
+	}
+	for i, q := range move.Move(claimed) {
+		qs[fmt.Sprint("MoveDue", i)] = q
+	}
+	for name, declared := range map[string]func() (sqladapters.Query, bool){
+		"HighWaterMark":  d.HighWaterMark,
+		"PendingHorizon": d.PendingHorizon,
+		"NotifyProbe":    d.NotifyProbe,
+		"DeleteInboxRange": func() (sqladapters.Query, bool) {
+			return d.DeleteInboxRange(time.Now().Add(-time.Hour), time.Now(), 10)
+		},
+	} {
+		if q, ok := declared(); ok {
+			qs[name] = q
 		}
 	}
-	if c, ok := d.(sqlstore.DueClaimer); ok {
-		qs["ClaimDue"] = c.ClaimDue(time.Now(), 10)
-		for i, q := range c.MoveClaimed([]int64{1, 2}) {
-			qs[fmt.Sprint("MoveClaimed", i)] = q
-		}
-	}
-	if s, ok := d.(sqlstore.PendingReadSetup); ok {
-		for i, q := range s.PendingReadSetup() {
-			qs[fmt.Sprint("PendingReadSetup", i)] = q
-		}
+	for i, q := range d.PendingReadSetup() {
+		qs[fmt.Sprint("PendingReadSetup", i)] = q
 	}
 	for i, q := range d.EnsurePartitions(4) {
 		qs[fmt.Sprint("EnsurePartitions", i)] = q
@@ -133,4 +149,50 @@ func addOperations(qs map[string]sqladapters.Query, d sqlstore.Builder) {
 	qs["SelectForwardedIDs"] = d.SelectForwardedIDs(now, 0, 10)
 	qs["DeleteForwarded"] = d.DeleteForwarded([]int64{1, 2})
 	qs["CountInboxBefore"] = d.CountInboxBefore(now)
+}
+
+// CheckNameClashes checks that build, a dialect's constructor, refuses
+// every pair of table names that leads two of the names the migrations
+// create to one: an inbox table named as any table, index or sequence of
+// the outbox's (a partition's name where the builder lists partitions),
+// and an outbox table named as the inbox's indexes, upper-cased too where
+// the database folds case. The error wraps sqladapters.ErrInvalidName and
+// names the name.
+func CheckNameClashes(t *testing.T, build func(outbox, inbox string) (sqladapters.Dialect, error), fold bool) {
+	t.Helper()
+	const outbox, inbox = "events", "seen"
+	d, err := build(outbox, inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(o, i, name string) {
+		t.Helper()
+		_, err := build(o, i)
+		if !errors.Is(err, sqladapters.ErrInvalidName) || !strings.Contains(err.Error(), "both lead to") || !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(name)) {
+			t.Errorf("OutboxTable %q and InboxTable %q: %v; want ErrInvalidName naming %q", o, i, err, name)
+		}
+	}
+	n := 0
+	for _, obj := range Builder(d).Objects() {
+		name := obj.Name
+		if obj.Prefix {
+			name += "20250101_0000"
+		}
+		switch {
+		case name == inbox:
+		case strings.HasPrefix(name, inbox+"_"):
+			if !obj.Table {
+				refused(name, inbox, name)
+			}
+		default:
+			refused(outbox, name, name)
+			if fold {
+				refused(outbox, strings.ToUpper(name), name)
+			}
+		}
+		n++
+	}
+	if n < 2 {
+		t.Fatalf("the builder lists %d objects", n)
+	}
 }

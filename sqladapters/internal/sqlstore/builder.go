@@ -44,14 +44,25 @@ type Builder interface {
 	// column; a zero Query where the database has none, SQLite).
 	Schema() (name string, current sqladapters.Query)
 
+	// Objects lists every name the migrations give a table, index or
+	// sequence (see Object), the tables first in the order the dialect's
+	// Tables reports them.
+	Objects() []Object
 	// Migrations lists every migration in version order.
 	Migrations() []sqladapters.Migration
 	// LockMigrations returns the statement that serializes concurrent
 	// migrators and the one that releases it. Unlock is a zero Query when
 	// the lock ends with the transaction.
 	LockMigrations() (lock, unlock sqladapters.Query)
+	// CreateSchema creates the schema (PostgreSQL) or database (MySQL)
+	// the table names are qualified with, when they are; none otherwise.
+	CreateSchema() []sqladapters.Query
+	// ScriptNote is a line for the head of a migration script
+	// (sqladapters.Dialect.MigrationScript): whether its statements may
+	// run again.
+	ScriptNote() string
 	// CreateMigrationsTable creates the table recording applied versions
-	// (and the schema holding it, where the database has schemas).
+	// (and, with CreateSchema, the schema holding it).
 	CreateMigrationsTable() []sqladapters.Query
 	// AppliedMigrations selects the applied versions (one int column).
 	AppliedMigrations() sqladapters.Query
@@ -69,6 +80,14 @@ type Builder interface {
 	// microseconds since the Unix epoch (one bigint column, NULL when
 	// none is scheduled).
 	NextDue() sqladapters.Query
+	// MoveDue returns the move of up to limit scheduled rows due at or
+	// before now, earliest due first and, for equal due times, by id.
+	MoveDue(now time.Time, limit int) DueMove
+	// RetryMove tells that err, which ended a move's transaction, was a
+	// conflict between concurrent moves that the database resolved by
+	// rolling one of them back (a deadlock): the move runs again. False
+	// where moves never conflict.
+	RetryMove(err error) bool
 
 	// SelectPending returns columns id, topic, uuid, payload, metadata,
 	// key (NULL when empty), attempts, in id order, leaving out
@@ -102,6 +121,14 @@ type Builder interface {
 	CountPartitions() sqladapters.Query
 	// Heartbeat records that instance is alive for ttl.
 	Heartbeat(instance string, ttl time.Duration) sqladapters.Query
+	// HeartbeatSettings records that instance is alive for ttl, as
+	// Heartbeat does, and stores settings (a JSON object of strings) in
+	// its row.
+	HeartbeatSettings(instance string, ttl time.Duration, settings string) sqladapters.Query
+	// MemberSettings selects the instance and the settings (NULL when it
+	// recorded none) of every live instance other than instance, in
+	// instance order.
+	MemberSettings(instance string) sqladapters.Query
 	// CountMembers selects the number of live instances.
 	CountMembers() sqladapters.Query
 	// RemoveMember deletes instance and every expired member.
@@ -179,103 +206,87 @@ type Builder interface {
 	InsertInbox(consumer, messageID string) sqladapters.Query
 	// DeleteInboxBefore deletes at most limit rows received before t.
 	DeleteInboxBefore(t time.Time, limit int) sqladapters.Query
+
+	// What follows are the operations not every database has. A Builder
+	// declares each of them, answering false (or nil) where its database
+	// lacks it, so that what a database can do is said in its own code,
+	// checked by the compiler, and never guessed by the store.
+
+	// HighWaterMark selects one integer that grows with every outbox
+	// insert, cheap to read (Features.HighWaterMark); false where the
+	// database has none.
+	HighWaterMark() (sqladapters.Query, bool)
+	// PendingHorizon selects one row of Mark, XMin, XID, RetryMin,
+	// HoldMin and the number of ids the id sequence hands a session at
+	// once (Features.Horizon); false where the database cannot. Its
+	// outbox insert must take the transaction's id before the row's id.
+	PendingHorizon() (sqladapters.Query, bool)
+	// SelectPendingWithAge is SelectPending with a ninth column: each
+	// row's age in microseconds by the database's clock; false where the
+	// read cannot tell ages.
+	SelectPendingWithAge(q sqladapters.PendingQuery) (sqladapters.Query, bool)
+	// PendingReadSetup returns the transaction-local settings a read of a
+	// large backlog needs: such a read runs in a read-only transaction
+	// after them. None where the read needs none.
+	PendingReadSetup() []sqladapters.Query
+	// MaxMessageBytes is the largest message the database stores,
+	// counting its topic, UUID, payload, metadata and ordering key; 0
+	// where it stores messages of every size.
+	MaxMessageBytes() int
+	// Savepoint returns the statements that set a savepoint, roll back
+	// to it and release it; false where the database cannot undo part of
+	// a transaction.
+	Savepoint() (set, rollback, release sqladapters.Query, ok bool)
+	// NotifyProbe notifies the outbox's channel, so that a listener can
+	// check that notifications arrive; false where the database has no
+	// notifications.
+	NotifyProbe() (sqladapters.Query, bool)
+	// DeleteInboxRange deletes up to limit inbox rows received at or
+	// after from and before before, oldest first, and returns one row:
+	// the number deleted and the latest received_at among them (from
+	// when none). False where deleted rows leave the received_at index at
+	// once, so that DeleteInboxBefore serves as well.
+	DeleteInboxRange(from, before time.Time, limit int) (sqladapters.Query, bool)
+	// Logical returns the statements of the change-data-capture source,
+	// nil where the database cannot stream its changes
+	// (Features.LogicalReplication).
+	Logical() Logical
+	// FingerprintBackfill returns the statements that fingerprint errors
+	// recorded before the database stored fingerprints, nil where the
+	// database hashes them in SQL in the migration itself.
+	FingerprintBackfill() FingerprintBackfill
 }
 
-// DueMover is implemented by a Builder that moves scheduled rows without
-// reading their ids first. Every Builder implements DueMover or
-// DueClaimer.
-type DueMover interface {
-	// MoveDue moves up to limit scheduled rows due at or before now into
-	// the outbox, ordered by due time and id, so that outbox ids follow
-	// that order (see Steps: the first statement reports the rows moved).
-	// Concurrent moves never move a row twice.
-	MoveDue(now time.Time, limit int) []sqladapters.Query
-}
-
-// DueClaimer is implemented by a Builder whose database moves scheduled
-// rows in steps that need their ids (no DELETE ... RETURNING feeding an
-// INSERT). The store runs ClaimDue and then MoveClaimed in one
-// transaction.
-type DueClaimer interface {
-	// ClaimDue selects and locks the ids (one bigint column) of up to
-	// limit scheduled rows due at or before now, by due time and id,
-	// skipping rows another transaction holds where the database can.
-	ClaimDue(now time.Time, limit int) sqladapters.Query
-	// MoveClaimed inserts the rows with the given ids into the outbox, by
-	// due time and id, and deletes them from the scheduled table (ids is
-	// never empty).
-	MoveClaimed(ids []int64) []sqladapters.Query
-	// RetryMove tells that err, which ended a move's transaction, was a
-	// conflict between concurrent moves that the database resolved by
-	// rolling one of them back (a deadlock): the move runs again.
-	RetryMove(err error) bool
+// DueMove is one move of due scheduled rows into the outbox, which the
+// store runs in one transaction (a savepoint of the caller's when it is
+// given one): Lock, then Claim where it is set, then Move.
+type DueMove struct {
+	// Lock, where set, makes the move wait for any other move of the same
+	// outbox until that move's transaction ends, and holds the others off
+	// until this one's ends. So the rows of a key move in due order however
+	// many forwarder instances move at once: one move's rows take their
+	// outbox ids, and commit, before the next move takes the rows due
+	// after them. It is a zero Query where the move's own statements
+	// serialize moves (see the databases' MoveDue).
+	Lock sqladapters.Query
+	// Claim, where set, selects and locks the ids (one bigint column) of
+	// the rows to move, by due time and id: a database whose move needs
+	// the ids (no DELETE ... RETURNING feeding an INSERT).
+	Claim sqladapters.Query
+	// Move returns the statements that move the rows into the outbox by
+	// due time and id, so that outbox ids follow that order, and delete
+	// them from the scheduled table; the first statement reports the rows
+	// moved. Where Claim is set it gets the claimed ids (never empty),
+	// otherwise nil. Concurrent moves never move a row twice.
+	Move func(ids []int64) []sqladapters.Query
 }
 
 // moveAttempts bounds the runs of one move that concurrent moves roll
-// back (DueClaimer.RetryMove).
+// back (Builder.RetryMove).
 const moveAttempts = 5
 
-// HighWaterMark is implemented by a Builder that can tell cheaply whether
-// rows were added to the outbox: one integer that grows with every insert.
-type HighWaterMark interface {
-	HighWaterMark() sqladapters.Query
-}
-
-// PendingHorizon is implemented by a Builder that can report a Horizon:
-// one row of Mark, XMin, XID, RetryMin, HoldMin and the number of ids the
-// id sequence hands a session at once. Its outbox insert must take the
-// transaction's id before the row's id.
-type PendingHorizon interface {
-	PendingHorizon() sqladapters.Query
-}
-
-// PendingAges is implemented by a Builder whose pending read can return
-// each row's age: SelectPending's columns and a ninth, the age in
-// microseconds by the database's clock.
-type PendingAges interface {
-	SelectPendingWithAge(q sqladapters.PendingQuery) sqladapters.Query
-}
-
-// PendingReadSetup is implemented by a Builder whose reads of a large
-// backlog need transaction-local settings: a backlog read runs in a
-// read-only transaction after these statements.
-type PendingReadSetup interface {
-	PendingReadSetup() []sqladapters.Query
-}
-
-// MessageLimiter is implemented by a Builder whose database cannot store
-// messages of every size.
-type MessageLimiter interface {
-	// MaxMessageBytes is the largest message the database stores,
-	// counting its topic, UUID, payload, metadata and ordering key.
-	MaxMessageBytes() int
-}
-
-// Savepointer is implemented by a Builder whose database can undo part of
-// a transaction.
-type Savepointer interface {
-	// Savepoint returns the statements that set the savepoint, roll back
-	// to it and release it.
-	Savepoint() (set, rollback, release sqladapters.Query)
-}
-
-// NotifyProber is implemented by a Builder that can notify its own
-// channel, so that a listener can check that notifications arrive.
-type NotifyProber interface {
-	NotifyProbe() sqladapters.Query
-}
-
-// InboxRangeDeleter is implemented by a Builder whose deleted inbox rows
-// stay in the received_at index until vacuum. Its query deletes up to
-// limit rows received at or after from and before before, oldest first,
-// and returns one row: the number deleted and the latest received_at among
-// them (from when none).
-type InboxRangeDeleter interface {
-	DeleteInboxRange(from, before time.Time, limit int) sqladapters.Query
-}
-
-// Logical is implemented by a Builder whose database streams the outbox's
-// changes through logical replication: the statements of the
+// Logical is what Builder.Logical returns where the database streams the
+// outbox's changes through logical replication: the statements of the
 // change-data-capture source (sqladapters.Logical). Positions (LSNs) are
 // selected as decimal numbers, transaction ids as bigint.
 type Logical interface {
@@ -331,9 +342,10 @@ type Logical interface {
 	IsDuplicateObject(err error) bool
 }
 
-// FingerprintBackfill is implemented by a Builder whose database cannot
-// hash in SQL: Migrate fingerprints the errors of the rows that failed
-// before migration FingerprintVersion, right after applying it.
+// FingerprintBackfill is what Builder.FingerprintBackfill returns where
+// the database cannot hash in SQL: Migrate fingerprints the errors of the
+// rows that failed before migration FingerprintVersion, right after
+// applying it.
 type FingerprintBackfill interface {
 	FingerprintVersion() int
 	// UnfingerprintedErrors selects id and last error of up to limit

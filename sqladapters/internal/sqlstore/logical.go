@@ -178,7 +178,7 @@ func (l *logicalStore) Emit(ctx context.Context, tx sqladapters.Executor, record
 		_, err := l.s.exec(ctx, tx, l.b.EmitRecord(t.prefix, t.sequence, r))
 		return err
 	}
-	sp, ok := l.s.b.(Savepointer)
+	set, rollback, release, ok := l.s.b.Savepoint()
 	if len(records) == 1 || !ok {
 		for _, r := range records {
 			if err := emit(r); err != nil {
@@ -187,7 +187,6 @@ func (l *logicalStore) Emit(ctx context.Context, tx sqladapters.Executor, record
 		}
 		return nil
 	}
-	set, rollback, release := sp.Savepoint()
 	if _, err := set.Exec(ctx, tx); err != nil {
 		return l.s.ClassifyError(err)
 	}

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -51,9 +52,9 @@ func (s *Store) Name() string { return s.b.Name() }
 // Features implements sqladapters.Dialect.
 func (s *Store) Features() sqladapters.Features {
 	f := s.b.Features()
-	_, f.HighWaterMark = s.b.(HighWaterMark)
-	_, f.Horizon = s.b.(PendingHorizon)
-	_, f.LogicalReplication = s.b.(Logical)
+	_, f.HighWaterMark = s.b.HighWaterMark()
+	_, f.Horizon = s.b.PendingHorizon()
+	f.LogicalReplication = s.b.Logical() != nil
 	return f
 }
 
@@ -76,6 +77,17 @@ func (s *Store) ClassifyError(err error) error {
 
 // Migrations implements sqladapters.Dialect.
 func (s *Store) Migrations() []sqladapters.Migration { return s.b.Migrations() }
+
+// MigrationScript implements sqladapters.Dialect.
+func (s *Store) MigrationScript() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- millbox schema for %s: outbox %s, inbox %s\n-- %s\n\n", s.b.Name(), s.b.OutboxTable(), s.b.InboxTable(), s.b.ScriptNote())
+	for _, q := range s.b.CreateSchema() {
+		b.WriteString(q.SQL + ";\n\n")
+	}
+	b.WriteString(sqladapters.MigrationSQL(s))
+	return b.String()
+}
 
 // Migrate implements sqladapters.Dialect.
 func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sqladapters.Migration) (err error) {
@@ -116,7 +128,7 @@ func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sql
 				return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
 			}
 		}
-		if fb, ok := s.b.(FingerprintBackfill); ok && m.Version == fb.FingerprintVersion() {
+		if fb := s.b.FingerprintBackfill(); fb != nil && m.Version == fb.FingerprintVersion() {
 			if err := s.backfillFingerprints(ctx, tx, fb); err != nil {
 				return fmt.Errorf("migration %d (%s): fingerprint recorded errors: %w", m.Version, m.Name, err)
 			}
@@ -196,12 +208,7 @@ func scanApplied(ctx context.Context, e sqladapters.Executor, q sqladapters.Quer
 }
 
 // MaxMessageBytes implements sqladapters.Dialect.
-func (s *Store) MaxMessageBytes() int {
-	if l, ok := s.b.(MessageLimiter); ok {
-		return l.MaxMessageBytes()
-	}
-	return 0
-}
+func (s *Store) MaxMessageBytes() int { return s.b.MaxMessageBytes() }
 
 // InsertOutbox implements sqladapters.Dialect. Several statements run
 // under a savepoint where the database has them, so that a failure in a
@@ -230,7 +237,7 @@ func (s *Store) InsertOutbox(ctx context.Context, tx sqladapters.Executor, msgs 
 	if len(later) > 0 {
 		qs = append(qs, s.b.InsertScheduled(later)...)
 	}
-	sp, ok := s.b.(Savepointer)
+	set, rollback, release, ok := s.b.Savepoint()
 	if len(qs) == 1 || !ok {
 		for _, q := range qs {
 			if _, err := q.Exec(ctx, tx); err != nil {
@@ -239,7 +246,6 @@ func (s *Store) InsertOutbox(ctx context.Context, tx sqladapters.Executor, msgs 
 		}
 		return nil
 	}
-	set, rollback, release := sp.Savepoint()
 	if _, err := set.Exec(ctx, tx); err != nil {
 		return s.ClassifyError(err)
 	}
@@ -273,21 +279,20 @@ func (s *Store) ReadPending(ctx context.Context, e sqladapters.Executor, q sqlad
 		q.Limit = min(q.Limit+len(q.Exclude), maxReadLimit)
 	}
 	on := e
-	setup, ok := s.b.(PendingReadSetup)
-	if db, isDB := e.(sqladapters.DB); ok && isDB && backlog {
-		tx, err := s.readTx(ctx, db, setup.PendingReadSetup())
+	setup := s.b.PendingReadSetup()
+	if db, isDB := e.(sqladapters.DB); len(setup) > 0 && isDB && backlog {
+		tx, err := s.readTx(ctx, db, setup)
 		if err != nil {
 			return nil, s.ClassifyError(err)
 		}
 		defer sqladapters.Rollback(tx)
 		on = tx
 	}
-	sel := s.b.SelectPending
-	ages, withAge := s.b.(PendingAges)
-	if withAge {
-		sel = ages.SelectPendingWithAge
+	sel, withAge := s.b.SelectPendingWithAge(q)
+	if !withAge {
+		sel = s.b.SelectPending(q)
 	}
-	rows, err := sel(q).Query(ctx, on)
+	rows, err := sel.Query(ctx, on)
 	if err != nil {
 		return nil, s.ClassifyError(err)
 	}
@@ -389,11 +394,10 @@ func (s *Store) inTx(ctx context.Context, e sqladapters.Executor, run func(sqlad
 		}
 		return n, s.ClassifyError(tx.Commit(ctx))
 	}
-	sp, ok := s.b.(Savepointer)
+	set, rollback, release, ok := s.b.Savepoint()
 	if !ok {
 		return run(e)
 	}
-	set, rollback, release := sp.Savepoint()
 	if _, err := set.Exec(ctx, e); err != nil {
 		return 0, s.ClassifyError(err)
 	}
@@ -407,8 +411,8 @@ func (s *Store) inTx(ctx context.Context, e sqladapters.Executor, run func(sqlad
 
 // Logical implements sqladapters.Dialect.
 func (s *Store) Logical() sqladapters.Logical {
-	lb, ok := s.b.(Logical)
-	if !ok {
+	lb := s.b.Logical()
+	if lb == nil {
 		return nil
 	}
 	return &logicalStore{s: s, b: lb}
@@ -424,22 +428,22 @@ func (s *Store) RecordFailure(ctx context.Context, e sqladapters.Executor, f sql
 
 // HighWaterMark implements sqladapters.Dialect.
 func (s *Store) HighWaterMark(ctx context.Context, e sqladapters.Executor) (int64, error) {
-	hw, ok := s.b.(HighWaterMark)
+	q, ok := s.b.HighWaterMark()
 	if !ok {
 		return 0, fmt.Errorf("%w: %s has no high-water mark", errors.ErrUnsupported, s.b.Name())
 	}
-	return s.queryInt(ctx, e, hw.HighWaterMark())
+	return s.queryInt(ctx, e, q)
 }
 
 // PendingHorizon implements sqladapters.Dialect.
 func (s *Store) PendingHorizon(ctx context.Context, e sqladapters.Executor) (sqladapters.Horizon, error) {
 	var h sqladapters.Horizon
-	ph, ok := s.b.(PendingHorizon)
+	q, ok := s.b.PendingHorizon()
 	if !ok {
 		return h, fmt.Errorf("%w: %s reports no horizon", errors.ErrUnsupported, s.b.Name())
 	}
 	var xmin, xid, cache int64
-	err := s.query(ctx, e, ph.PendingHorizon(), func(r sqladapters.Rows) error {
+	err := s.query(ctx, e, q, func(r sqladapters.Rows) error {
 		return r.Scan(&h.Mark, &xmin, &xid, &h.RetryMin, &h.HoldMin, &cache)
 	})
 	if err != nil {
@@ -456,11 +460,11 @@ func (s *Store) PendingHorizon(ctx context.Context, e sqladapters.Executor) (sql
 
 // NotifyProbe implements sqladapters.Dialect.
 func (s *Store) NotifyProbe(ctx context.Context, e sqladapters.Executor) error {
-	p, ok := s.b.(NotifyProber)
+	q, ok := s.b.NotifyProbe()
 	if !ok || s.b.NotifyChannel() == "" {
 		return fmt.Errorf("%w: the %s dialect does not notify", errors.ErrUnsupported, s.b.Name())
 	}
-	_, err := s.exec(ctx, e, p.NotifyProbe())
+	_, err := s.exec(ctx, e, q)
 	return err
 }
 
@@ -483,36 +487,19 @@ func (s *Store) MoveDue(ctx context.Context, e sqladapters.Executor, now time.Ti
 		return 0, time.Time{}, fmt.Errorf("MoveDue: limit %d must be positive", limit)
 	}
 	now = now.Truncate(time.Microsecond)
+	move := s.b.MoveDue(now, limit)
+	_, ownTx := e.(sqladapters.DB)
 	var (
 		moved int64
 		err   error
 	)
-	if m, ok := s.b.(DueMover); ok {
-		moved, err = s.steps(ctx, e, m.MoveDue(now, limit))
-	} else if c, ok := s.b.(DueClaimer); ok {
-		_, ownTx := e.(sqladapters.DB)
-		for attempt := 1; ; attempt++ {
-			moved, err = s.inTx(ctx, e, func(ex sqladapters.Executor) (int64, error) {
-				var ids []int64
-				err := s.query(ctx, ex, c.ClaimDue(now, limit), func(r sqladapters.Rows) error {
-					var id int64
-					err := r.Scan(&id)
-					ids = append(ids, id)
-					return err
-				})
-				if err != nil || len(ids) == 0 {
-					return 0, err
-				}
-				return s.run(ctx, ex, c.MoveClaimed(ids))
-			})
-			// A caller's transaction that a deadlock rolled back cannot
-			// run the move again; a transaction of the store's own can.
-			if err == nil || !ownTx || attempt == moveAttempts || !c.RetryMove(err) || ctx.Err() != nil {
-				break
-			}
+	for attempt := 1; ; attempt++ {
+		moved, err = s.inTx(ctx, e, func(ex sqladapters.Executor) (int64, error) { return s.move(ctx, ex, move) })
+		// A caller's transaction that a deadlock rolled back cannot run
+		// the move again; a transaction of the store's own can.
+		if err == nil || !ownTx || attempt == moveAttempts || !s.b.RetryMove(err) || ctx.Err() != nil {
+			break
 		}
-	} else {
-		return 0, time.Time{}, fmt.Errorf("%w: %s cannot move scheduled messages", errors.ErrUnsupported, s.b.Name())
 	}
 	if err != nil {
 		return 0, time.Time{}, err
@@ -522,6 +509,29 @@ func (s *Store) MoveDue(ctx context.Context, e sqladapters.Executor, now time.Ti
 		return moved, time.Time{}, err
 	}
 	return moved, epochMicros(next), nil
+}
+
+// move runs m in the transaction ex and reports the rows it moved.
+func (s *Store) move(ctx context.Context, ex sqladapters.Executor, m DueMove) (int64, error) {
+	if m.Lock.SQL != "" {
+		if _, err := m.Lock.Exec(ctx, ex); err != nil {
+			return 0, fmt.Errorf("wait for concurrent moves: %w", s.ClassifyError(err))
+		}
+	}
+	if m.Claim.SQL == "" {
+		return s.run(ctx, ex, m.Move(nil))
+	}
+	var ids []int64
+	err := s.query(ctx, ex, m.Claim, func(r sqladapters.Rows) error {
+		var id int64
+		err := r.Scan(&id)
+		ids = append(ids, id)
+		return err
+	})
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	return s.run(ctx, ex, m.Move(ids))
 }
 
 // epochMicros is the time of microseconds since the Unix epoch, zero for
@@ -561,6 +571,57 @@ func (s *Store) CountPartitions(ctx context.Context, e sqladapters.Executor) (in
 func (s *Store) Heartbeat(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration) error {
 	_, err := s.exec(ctx, e, s.b.Heartbeat(instance, ttl))
 	return err
+}
+
+// HeartbeatSettings implements sqladapters.Dialect.
+func (s *Store) HeartbeatSettings(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration, settings []sqladapters.Setting) error {
+	mine := make(map[string]string, len(settings))
+	for _, st := range settings {
+		if st.Name == "" {
+			return fmt.Errorf("%w: HeartbeatSettings: a setting without a name", sqladapters.ErrInvalidConfig)
+		}
+		if _, dup := mine[st.Name]; dup {
+			return fmt.Errorf("%w: HeartbeatSettings: setting %q given twice", sqladapters.ErrInvalidConfig, st.Name)
+		}
+		mine[st.Name] = st.Value
+	}
+	enc, err := json.Marshal(mine)
+	if err != nil {
+		return err
+	}
+	if _, err := s.exec(ctx, e, s.b.HeartbeatSettings(instance, ttl, string(enc))); err != nil {
+		return err
+	}
+	type member struct {
+		instance string
+		settings map[string]string
+	}
+	var others []member
+	err = s.query(ctx, e, s.b.MemberSettings(instance), func(r sqladapters.Rows) error {
+		var m member
+		var text sql.NullString
+		if err := r.Scan(&m.instance, &text); err != nil {
+			return err
+		}
+		if text.Valid {
+			if err := json.Unmarshal([]byte(text.String), &m.settings); err != nil {
+				return fmt.Errorf("the settings the instance %q recorded are not a JSON object of strings: %w", m.instance, err)
+			}
+		}
+		others = append(others, m)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, st := range settings {
+		for _, m := range others {
+			if theirs, ok := m.settings[st.Name]; ok && theirs != st.Value {
+				return &sqladapters.SettingMismatchError{Setting: st.Name, Mine: st.Value, Theirs: theirs, Instance: m.instance}
+			}
+		}
+	}
+	return nil
 }
 
 // CountMembers implements sqladapters.Dialect.
@@ -664,7 +725,7 @@ func (s *Store) inboxOutcome(n int64, err error) (bool, error) {
 
 // DeleteInbox implements sqladapters.Dialect.
 func (s *Store) DeleteInbox(ctx context.Context, e sqladapters.Executor, from, before time.Time, limit int) (int64, time.Time, error) {
-	rd, ok := s.b.(InboxRangeDeleter)
+	q, ok := s.b.DeleteInboxRange(from, before, limit)
 	if !ok {
 		n, err := s.exec(ctx, e, s.b.DeleteInboxBefore(before, limit))
 		return n, from, err
@@ -674,7 +735,7 @@ func (s *Store) DeleteInbox(ctx context.Context, e sqladapters.Executor, from, b
 		last time.Time
 		seen bool
 	)
-	err := s.query(ctx, e, rd.DeleteInboxRange(from, before, limit), func(r sqladapters.Rows) error {
+	err := s.query(ctx, e, q, func(r sqladapters.Rows) error {
 		seen = true
 		return r.Scan(&n, &last)
 	})

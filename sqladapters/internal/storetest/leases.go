@@ -17,6 +17,8 @@ var leaseCases = []testCase{
 	{"Leases", testLeases},
 	{"LeasesConcurrent", testLeasesConcurrent},
 	{"PartitionLeases", testPartitionLeases},
+	{"MemberSettings", testMemberSettings},
+	{"MigrateMemberSettings", testMigrateMemberSettings},
 }
 
 // testPartitions creates lease rows, idempotently and never fewer.
@@ -216,4 +218,96 @@ func testPartitionLeases(e *env) {
 		}
 	}
 	e.noneInUse("PartitionLeases")
+}
+
+// settings are forwarder settings every instance of an outbox must agree
+// on, as a forwarder records them.
+func settings(holds, exactlyOnce string) []sqladapters.Setting {
+	return []sqladapters.Setting{{Name: "DeadLetterHoldsKey", Value: holds}, {Name: "ExactlyOnce", Value: exactlyOnce}}
+}
+
+// mismatch checks that err names setting, this instance's and the other
+// instance's values, and the other instance.
+func (e *env) mismatch(err error, setting, mine, theirs, instance string) {
+	e.t.Helper()
+	var m *sqladapters.SettingMismatchError
+	if !errors.As(err, &m) || !errors.Is(err, sqladapters.ErrInvalidConfig) ||
+		*m != (sqladapters.SettingMismatchError{Setting: setting, Mine: mine, Theirs: theirs, Instance: instance}) ||
+		!strings.Contains(err.Error(), setting) || !strings.Contains(err.Error(), instance) {
+		e.t.Fatalf("HeartbeatSettings: %v; want a *SettingMismatchError naming %s (%q here, %q on %s)", err, setting, mine, theirs, instance)
+	}
+}
+
+// testMemberSettings records the settings of forwarder instances with
+// their heartbeats: instances that agree run side by side; one that
+// disagrees is told which setting, which values and which instance, the
+// first of its settings in their order, and the instance it disagrees
+// with is told at its next heartbeat; instances that left, expired or
+// record fewer settings (an earlier version) are not compared.
+func testMemberSettings(e *env) {
+	e.migrated()
+	beat := func(instance string, s []sqladapters.Setting) error {
+		return e.d.HeartbeatSettings(e.ctx, e.db, instance, time.Minute, s)
+	}
+	e.check(beat("a", settings("true", "false")), "first instance")
+	e.check(beat("b", settings("true", "false")), "an instance that agrees")
+	e.check(beat("a", settings("true", "false")), "a renewal")
+	if n := e.members(); n != 2 {
+		e.t.Fatalf("%d members, want 2", n)
+	}
+	e.mismatch(beat("c", settings("false", "true")), "DeadLetterHoldsKey", "false", "true", "a")
+	// c recorded its row: a learns of the disagreement too. Refusing to
+	// run, c removes itself.
+	e.mismatch(beat("a", settings("true", "false")), "DeadLetterHoldsKey", "true", "false", "c")
+	e.check(e.d.RemoveMember(e.ctx, e.db, "c"), "RemoveMember")
+	e.mismatch(beat("d", settings("true", "true")), "ExactlyOnce", "true", "false", "a")
+	e.mismatch(beat("b", settings("true", "false")), "ExactlyOnce", "false", "true", "d")
+	// A plain heartbeat keeps what a row recorded.
+	e.check(e.d.RemoveMember(e.ctx, e.db, "d"), "RemoveMember")
+	e.check(e.d.Heartbeat(e.ctx, e.db, "b", time.Minute), "Heartbeat")
+	e.mismatch(beat("e", settings("false", "false")), "DeadLetterHoldsKey", "false", "true", "a")
+	e.check(e.d.RemoveMember(e.ctx, e.db, "e"), "RemoveMember")
+
+	// An expired instance is not compared.
+	e.mismatch(e.d.HeartbeatSettings(e.ctx, e.db, "gone", -time.Second, settings("false", "true")), "DeadLetterHoldsKey", "false", "true", "a")
+	e.check(beat("a", settings("true", "false")), "a renewal next to an expired instance")
+	// An instance of an earlier version records no settings, or fewer.
+	e.check(e.d.Heartbeat(e.ctx, e.db, "old", time.Minute), "Heartbeat")
+	e.check(e.d.HeartbeatSettings(e.ctx, e.db, "older", time.Minute, []sqladapters.Setting{{Name: "ExactlyOnce", Value: "false"}}), "fewer settings")
+	e.check(beat("a", append(settings("true", "false"), sqladapters.Setting{Name: "Later", Value: "x"})), "a renewal next to earlier versions")
+	e.mismatch(beat("f", settings("true", "true")), "ExactlyOnce", "true", "false", "a")
+	if n := e.members(); n != 5 {
+		e.t.Fatalf("%d members, want a, b, old, older and f", n)
+	}
+	for _, bad := range [][]sqladapters.Setting{{{Name: "", Value: "x"}}, {{Name: "x", Value: "1"}, {Name: "x", Value: "2"}}} {
+		if err := beat("g", bad); !errors.Is(err, sqladapters.ErrInvalidConfig) {
+			e.t.Fatalf("HeartbeatSettings with %+v: %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+	e.noneInUse("HeartbeatSettings")
+}
+
+// testMigrateMemberSettings upgrades an installation whose instances are
+// running: their member rows stay, their heartbeats (of a version that
+// records no settings) work on the new schema, and the version's
+// statements run again change nothing where they may run again.
+func testMigrateMemberSettings(e *env) {
+	d, rest := e.migrateTo(8)
+	if len(rest) == 0 || rest[0].Version != 8 {
+		e.t.Fatalf("versions after 7: %+v, want 8 first", rest)
+	}
+	e.check(d.Heartbeat(e.ctx, e.db, "old", time.Minute), "Heartbeat before the migration")
+	e.check(sqladapters.Migrate(e.ctx, e.db, d), "migrate to the latest version")
+	if d.Name() != "sqlite" { // SQLite cannot add a column only where it is missing
+		for _, stmt := range rest[0].Statements {
+			_, err := e.db.Exec(e.ctx, stmt)
+			e.check(err, "version 8's statement again")
+		}
+	}
+	e.check(d.Heartbeat(e.ctx, e.db, "old", time.Minute), "Heartbeat after the migration")
+	e.check(d.HeartbeatSettings(e.ctx, e.db, "new", time.Minute, settings("true", "false")), "HeartbeatSettings")
+	if n := e.members(); n != 2 {
+		e.t.Fatalf("%d members after the migration, want the old and the new instance", n)
+	}
+	e.noneInUse("Migrate")
 }

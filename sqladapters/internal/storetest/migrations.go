@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/internal/sqlstore"
 )
 
 // Migrations: versions applied once, concurrent migrators, and the error
@@ -22,6 +23,8 @@ var migrationCases = []testCase{
 	{"MigrateHolds", testMigrateHolds},
 	{"MigrateScheduled", testMigrateScheduled},
 	{"MissingTable", testMissingTable},
+	{"ObjectsListed", testObjectsListed},
+	{"MigrationScript", testMigrationScript},
 }
 
 // testMigrate migrates a fresh dialect twice: the second run finds every
@@ -357,4 +360,90 @@ func testMigrateHolds(e *env) {
 		e.t.Fatalf("stats after the migration: %+v", st)
 	}
 	e.noneInUse("Migrate")
+}
+
+// testObjectsListed migrates and then reads the database's catalog: every
+// table, index and sequence named after the outbox or the inbox is on the
+// list of the names the migrations create (sqlstore.Builder.Objects),
+// which the dialect's constructor checks table names against and Tables
+// reports, so that no name a migration adds escapes that check.
+func testObjectsListed(e *env) {
+	d := e.migrated()
+	b, ok := sqlstore.BuilderOf(d)
+	if !ok {
+		e.t.Fatalf("%T has no SQL builder", d)
+	}
+	objs := b.Objects()
+	fold := d.Name() != "postgres"
+	base := func(qualified string) string {
+		return strings.Trim(qualified[strings.LastIndex(qualified, ".")+1:], "\"`")
+	}
+	outbox, inbox := base(d.OutboxTable()), base(d.InboxTable())
+	var q string
+	switch d.Name() {
+	case "postgres":
+		schema, err := d.CurrentSchema(e.ctx, e.db)
+		e.check(err, "CurrentSchema")
+		q = `SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '` + schema + `'`
+	case "mysql":
+		q = `SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()`
+	case "sqlite":
+		q = `SELECT name FROM sqlite_master`
+	default:
+		e.t.Fatalf("no catalog query for %s", d.Name())
+	}
+	rows, err := e.db.Query(e.ctx, q)
+	e.check(err, "read the catalog")
+	var found []string
+	for rows.Next() {
+		var name string
+		e.check(rows.Scan(&name), "scan the catalog")
+		if l := strings.ToLower(name); strings.HasPrefix(l, strings.ToLower(outbox)) || strings.HasPrefix(l, strings.ToLower(inbox)) {
+			found = append(found, name)
+		}
+	}
+	rows.Close()
+	e.check(rows.Err(), "read the catalog")
+	if len(found) == 0 {
+		e.t.Fatalf("the catalog holds nothing named after %s or %s", outbox, inbox)
+	}
+	for _, name := range found {
+		if !slices.ContainsFunc(objs, func(o sqlstore.Object) bool { return o.Matches(name, fold) }) {
+			e.t.Fatalf("the migrations created %q, which the %s builder's Objects does not list: table names are not checked against it", name, d.Name())
+		}
+	}
+	tabler, ok := d.(interface{ Tables() []string })
+	if !ok {
+		e.t.Fatalf("%T does not list its tables", d)
+	}
+	tables := sqlstore.TableNames(objs)
+	for i, t := range tabler.Tables() {
+		if i >= len(tables) || base(t) != tables[i] {
+			e.t.Fatalf("Tables reports %v, the objects list the tables %v", tabler.Tables(), tables)
+		}
+		if !slices.ContainsFunc(found, func(name string) bool { return sqlstore.Object{Name: tables[i]}.Matches(name, fold) }) {
+			e.t.Fatalf("the table %s that Tables reports is not in the catalog", t)
+		}
+	}
+}
+
+// testMigrationScript reads the script for migration tools: it names the
+// database and tables, and holds every statement of every version, in
+// order, after the comment naming the version.
+func testMigrationScript(e *env) {
+	d := e.s.New(e.t)
+	script := d.MigrationScript()
+	if !strings.HasPrefix(script, "-- millbox schema for "+d.Name()) || !strings.Contains(strings.SplitN(script, "\n", 2)[0], d.OutboxTable()) {
+		e.t.Fatalf("the script does not start naming the database and the outbox:\n%.300s", script)
+	}
+	at := 0
+	for _, m := range d.Migrations() {
+		for _, stmt := range append([]string{fmt.Sprintf("-- millbox %s migration %d: %s\n", d.Name(), m.Version, m.Name)}, m.Statements...) {
+			i := strings.Index(script[at:], strings.TrimSpace(stmt))
+			if i < 0 {
+				e.t.Fatalf("the script lacks, after byte %d, a statement of version %d:\n%s", at, m.Version, stmt)
+			}
+			at += i + len(strings.TrimSpace(stmt))
+		}
+	}
 }

@@ -19,6 +19,7 @@ var scheduledCases = []testCase{
 	{"InsertScheduled", testInsertScheduled},
 	{"MoveDue", testMoveDue},
 	{"MoveDueConcurrent", testMoveDueConcurrent},
+	{"MoveDueConcurrentKeepsKeyOrder", testMoveDueConcurrentKeepsKeyOrder},
 	{"ScheduledInTransaction", testScheduledInTransaction},
 }
 
@@ -207,6 +208,95 @@ func testMoveDueConcurrent(e *env) {
 	}
 	if st := e.stats(); st.Scheduled != 0 {
 		e.t.Fatalf("%d still scheduled", st.Scheduled)
+	}
+	e.noneInUse("MoveDue")
+}
+
+// testMoveDueConcurrentKeepsKeyOrder moves thousands of due messages of
+// a few keys, with equal and increasing due times, from four movers at
+// once, as the forwarder instances of a fleet do: in the outbox's id
+// order, which is the order the forwarder sends a key's rows in, each key's
+// messages are in due order, and messages due at the same time in the
+// order they were published.
+func testMoveDueConcurrentKeepsKeyOrder(e *env) {
+	e.migrated()
+	const (
+		n       = 3000
+		keys    = 5
+		movers  = 4
+		perMove = 20
+	)
+	// Due times an hour ago and before, so that every message is due:
+	// message i is due at one of 300 times, which the publish order visits
+	// out of order, and every time is shared by several messages of a key.
+	t0 := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
+	ms := make([]sqladapters.OutboxMessage, n)
+	dueOf := map[string]time.Time{}
+	for i := range ms {
+		key := fmt.Sprint("k", i%keys)
+		at := t0.Add(-time.Duration((i*7919)%300) * time.Millisecond)
+		ms[i] = due(msg(fmt.Sprint("m", i), key, int32(i%keys)), at)
+		dueOf[ms[i].UUID] = at
+	}
+	e.write(ms...)
+	// Each key's messages in due order, equal due times in publish order.
+	want := map[string][]string{}
+	sorted := slices.Clone(ms)
+	slices.SortStableFunc(sorted, func(a, b sqladapters.OutboxMessage) int { return a.DueAt.Compare(b.DueAt) })
+	for _, m := range sorted {
+		want[m.Key] = append(want[m.Key], m.UUID)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		moved int64
+		errs  []error
+		start = make(chan struct{})
+	)
+	for range movers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for {
+				k, _, err := e.d.MoveDue(e.ctx, e.db, time.Now(), perMove)
+				mu.Lock()
+				moved += k
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+				if err != nil || k == 0 {
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(errs) > 0 {
+		e.t.Fatalf("concurrent moves failed: %v", errs)
+	}
+	rows := e.pending(sqladapters.PendingQuery{Limit: 100000})
+	if moved != n || len(rows) != n {
+		e.t.Fatalf("%d reported moved and %d rows pending, want %d", moved, len(rows), n)
+	}
+	got := map[string][]string{}
+	for _, r := range rows {
+		got[r.Key] = append(got[r.Key], r.UUID)
+	}
+	for key, w := range want {
+		g := got[key]
+		for i := range w {
+			if i >= len(g) || g[i] != w[i] {
+				var at string
+				if i < len(g) {
+					at = fmt.Sprintf("%s due %v", g[i], dueOf[g[i]].Sub(t0))
+				}
+				e.t.Fatalf("key %s: message %d in id order is %s, want %s due %v: concurrent moves took the key's messages out of due order",
+					key, i, at, w[i], dueOf[w[i]].Sub(t0))
+			}
+		}
 	}
 	e.noneInUse("MoveDue")
 }

@@ -35,7 +35,8 @@ type Setup struct {
 
 // Run runs the suite: one subtest per domain of the contract (migrations,
 // outbox writes, pending reads, leases, dead letters and the operations
-// verbs, inbox, the change-data-capture source's statements), and in it
+// verbs, inbox, the change-data-capture source's statements, the upkeep
+// of a partitioned outbox), and in it
 // one subtest per case. The cases run one after
 // the other, each on tables of its own.
 func Run(t *testing.T, s Setup) {
@@ -57,6 +58,7 @@ func Run(t *testing.T, s Setup) {
 		{"Holds", holdCases},
 		{"Inbox", inboxCases},
 		{"Logical", logicalCases},
+		{"Partitions", partitionCases},
 	} {
 		t.Run(domain.name, func(t *testing.T) {
 			for _, c := range domain.cases {
