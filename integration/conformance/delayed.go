@@ -167,7 +167,7 @@ func delayed(t *testing.T, env Env, fast func(t testing.TB, d sqladapters.Dialec
 					msgs = append(msgs, m)
 				}
 			}
-			if err := publishCommitted(ctx, src, d, "delayed", msgs); err != nil {
+			if err := publishCommitted(ctx, src, forwarder.PublisherConfig{Dialect: d}, "delayed", msgs); err != nil {
 				t.Fatal(err)
 			}
 			rec.WaitFor(t, keys*perKey, 60*time.Second)
