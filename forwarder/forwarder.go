@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -87,6 +88,10 @@ func New(cfg Config) (*Forwarder, error) {
 		Active:          f.active,
 		ExactlyOnce:     cfg.ExactlyOnce,
 		DeadLetterHolds: cfg.DeadLetterHoldsKey,
+		Settings: []sqladapters.Setting{
+			{Name: "Config.DeadLetterHoldsKey", Value: strconv.FormatBool(cfg.DeadLetterHoldsKey)},
+			{Name: "Config.ExactlyOnce", Value: strconv.FormatBool(cfg.ExactlyOnce)},
+		},
 	})
 	if err != nil {
 		return nil, err

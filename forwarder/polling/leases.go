@@ -2,11 +2,13 @@ package polling
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/millbox/millbox/sqladapters"
 )
 
 // leaseLoop keeps this instance's fair share of partitions: it heartbeats,
@@ -20,7 +22,7 @@ import (
 func (p *poller) leaseLoop(ctx context.Context, ready chan<- struct{}) {
 	interval := p.cfg.LeaseTTL / 3
 	tick := max(min(interval, p.cfg.PollInterval/4), 10*time.Millisecond)
-	if err := p.env.Dialect.Heartbeat(ctx, p.env.DB, p.cfg.InstanceID, p.cfg.LeaseTTL); err == nil {
+	if err := p.heartbeat(ctx); err == nil {
 		sleep(ctx, tick)
 	}
 	readyOnce := false
@@ -66,7 +68,7 @@ func (p *poller) leaseLoop(ctx context.Context, ready chan<- struct{}) {
 func (p *poller) leaseRound(ctx context.Context) (int, error) {
 	d, db, id, ttl := p.env.Dialect, p.env.DB, p.cfg.InstanceID, p.cfg.LeaseTTL
 	start := time.Now()
-	if err := d.Heartbeat(ctx, db, id, ttl); err != nil {
+	if err := p.heartbeat(ctx); err != nil {
 		return 0, fmt.Errorf("heartbeat: %w", err)
 	}
 	members, err := d.CountMembers(ctx, db)
@@ -195,4 +197,21 @@ func (p *poller) leaseValid() bool {
 	p.leaseMu.Lock()
 	defer p.leaseMu.Unlock()
 	return len(p.owned) > 0 && time.Now().Before(p.leaseDeadline)
+}
+
+// heartbeat records that this instance is alive, with the settings every
+// instance must agree on. An instance that started later with other
+// settings refused to run; this one goes on, and says so.
+func (p *poller) heartbeat(ctx context.Context) error {
+	err := p.env.Dialect.HeartbeatSettings(ctx, p.env.DB, p.cfg.InstanceID, p.cfg.LeaseTTL, p.env.Settings)
+	var mismatch *sqladapters.SettingMismatchError
+	if errors.As(err, &mismatch) {
+		if time.Since(p.mismatchLogged) > time.Minute {
+			p.mismatchLogged = time.Now()
+			p.env.ReportError(err)
+			p.env.Logger.Error("millbox forwarder: another instance of this outbox runs with other settings", err, nil)
+		}
+		return nil
+	}
+	return err
 }

@@ -179,6 +179,8 @@ type poller struct {
 	fastCh  chan struct{} // a read is due now and shortly after (the mark moved)
 	localCh <-chan struct{}
 
+	mismatchLogged time.Time // the lease loop's: when a settings mismatch was last logged
+
 	// the high-water-mark watcher: it looks while watchWanted (no
 	// listener, or notifications lost) and the loop says a look could lead
 	// to a read (watchOK: no read due or running, the engine has room).
@@ -205,6 +207,15 @@ func (p *poller) Prepare(ctx context.Context) error {
 		return fmt.Errorf("%w: Polling.Partitions is %d but the outbox %s is split into %d partitions; "+
 			"every forwarder of one outbox must use the same value (to change it, stop them all and delete the rows of the _leases table)",
 			sqladapters.ErrInvalidConfig, p.cfg.Partitions, d.OutboxTable(), n)
+	}
+	if err := d.HeartbeatSettings(ctx, db, p.cfg.InstanceID, p.cfg.LeaseTTL, p.env.Settings); err != nil {
+		var mismatch *sqladapters.SettingMismatchError
+		if errors.As(err, &mismatch) {
+			// Refuse, and leave no member row that would make the live
+			// instances count this one.
+			_ = d.RemoveMember(context.WithoutCancel(ctx), db, p.cfg.InstanceID)
+		}
+		return fmt.Errorf("millbox: forwarder start: %w", err)
 	}
 	return nil
 }

@@ -681,6 +681,39 @@ func Forwarder(t *testing.T, env Env) {
 		}
 	})
 
+	// Instances of one outbox that disagree on a setting they must share
+	// (a dead letter holding its key, exactly once) refuse to start with
+	// an error naming it, as they do for Partitions; the first keeps
+	// running.
+	t.Run("SettingsMustAgree", func(t *testing.T) {
+		if !env.polling() {
+			t.Skip("one reader streams from the slot")
+		}
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		first := StartForwarder(t, fast(t, d, rec))
+		cfg := fast(t, d, rec)
+		cfg.DeadLetterHoldsKey = true
+		f, err := forwarder.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = f.Run(ctx)
+		var mismatch *sqladapters.SettingMismatchError
+		if !errors.Is(err, forwarder.ErrInvalidConfig) || !errors.As(err, &mismatch) || mismatch.Setting != "Config.DeadLetterHoldsKey" ||
+			!strings.Contains(err.Error(), "DeadLetterHoldsKey") {
+			t.Fatalf("an instance with DeadLetterHoldsKey next to one without: want a SettingMismatchError naming it, got %v", err)
+		}
+		if err := first.Ready(ctx); err != nil {
+			t.Fatalf("the first instance stopped: %v", err)
+		}
+		// Once the first is gone, the setting may change.
+		if err := first.Close(); err != nil {
+			t.Fatal(err)
+		}
+		StartForwarder(t, cfg)
+	})
+
 	t.Run("MissingTables", func(t *testing.T) {
 		if env.NewUnmigratedDialect == nil {
 			t.Skip("no unmigrated dialect")

@@ -88,6 +88,11 @@ type Env struct {
 	// (Engine.Acquire) before it reads rows of it, and gives it up
 	// (Engine.Release) when it no longer holds it.
 	ExactlyOnce bool
+	// Settings are the forwarder settings every instance of the outbox
+	// must agree on. A source whose instances share the outbox records
+	// them with its heartbeat (sqladapters.Dialect.HeartbeatSettings) and
+	// refuses to start where a live instance recorded another value.
+	Settings []sqladapters.Setting
 	// DeadLetterHolds tells that a dead letter holds its key
 	// (forwarder.Config.DeadLetterHoldsKey): the source hands the engine
 	// no row of a key while a dead letter with a lower id holds it.
