@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,6 +170,8 @@ type poller struct {
 	blocked   map[string]bool // keys left during the read in flight
 	prevFull  bool
 	readRetry retry.Backoff // paces reads after a failed one
+	readOwned []int         // the partitions of the last read (nil: all)
+	readOnce  bool          // a read was started
 	floor     floorState
 	pollTimer *time.Timer
 	pollGen   int
@@ -436,7 +439,13 @@ func (p *poller) maybeRead() {
 		// below them.
 		q.SkipKeys = p.e.HeldKeys()
 	}
-	backlog := p.prevFull
+	// The first read of these partitions may meet a backlog as well as a
+	// read after a full one: on Postgres, a read of some of the
+	// partitions on a large table is JIT-compiled without the backlog
+	// settings (the planner cannot estimate key_hash % Partitions),
+	// which kept instances idle for seconds at start.
+	backlog := p.prevFull || !p.readOnce || !slices.Equal(owned, p.readOwned)
+	p.readOnce, p.readOwned = true, owned
 	ctx := p.ctx
 	go func() {
 		res := p.read(ctx, q, backlog, head)
