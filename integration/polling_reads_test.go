@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/integration/conformance"
 	"github.com/millbox/millbox/integration/testenv"
@@ -83,4 +85,49 @@ func TestPollingFirstReadOfSomePartitionsIsABacklogRead(t *testing.T) {
 	if flags := spy.flags(); !flags[0] {
 		t.Fatalf("the first read ran without the backlog settings (reads' backlog flags: %v)", flags)
 	}
+}
+
+// gate is a destination whose calls wait until it opens.
+type gate struct {
+	open    chan struct{}
+	entered atomic.Int64
+}
+
+func (g *gate) Publish(string, ...*message.Message) error {
+	g.entered.Add(1)
+	<-g.open
+	return nil
+}
+
+func (g *gate) Close() error { return nil }
+
+// A full read leads straight to the next read on an instance holding some
+// of the partitions: the rows it returned go out in calls, which leaves
+// the lanes room for more, and the next read starts then, not at the end
+// of one of those calls. The calls here do not end until the test lets
+// them, and the poll interval is an hour, so only the full read can lead
+// to the second.
+func TestPollingFullReadLeadsToTheNextRead(t *testing.T) {
+	db, d := someOwned(t, 4)
+	dest := &gate{open: make(chan struct{})}
+	var reads atomic.Int64
+	const batch = 50
+	f := conformance.StartForwarder(t, forwarder.Config{
+		DB: db, Dialect: d, Destination: dest, BatchSize: batch, PollInterval: time.Hour,
+		Source: forwarder.Polling{Partitions: 16, WatchInterval: -1},
+		Hooks:  forwarder.Hooks{OnRead: func(int) { reads.Add(1) }},
+	})
+	opened := sync.OnceFunc(func() { close(dest.open) })
+	t.Cleanup(opened) // before the forwarder closes
+	if n := len(f.Partitions()); n != 8 {
+		t.Fatalf("the forwarder holds %d partitions, want 8", n)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for reads.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a full read of %d rows, whose %d calls are out, no second read followed within 30s", batch, dest.entered.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	opened()
 }

@@ -193,7 +193,12 @@ func (e *Engine) loop() {
 // and answers a quiesce request once nothing is in flight.
 func (e *Engine) step() {
 	e.src.Step()
-	e.startCalls()
+	if e.startCalls() {
+		// The calls took rows off the lanes: a read that waited for room
+		// (the one after a full read) starts now, not at the next event,
+		// which may be the end of a call as long as a read.
+		e.src.Step()
+	}
 	if e.quiesce != nil && !e.quietOK && e.quiet() {
 		close(e.quiesce.quiet)
 		e.quietOK = true
@@ -424,14 +429,17 @@ func (e *Engine) SetPaused(paused bool) {
 	}
 }
 
-func (e *Engine) startCalls() {
+// startCalls starts the calls of ready lanes and tells whether it started
+// any.
+func (e *Engine) startCalls() bool {
 	if e.tx != nil {
 		e.tx.start()
-		return
+		return false
 	}
 	if e.halted() || e.breaker.open {
-		return
+		return false
 	}
+	started := false
 	for e.active < e.cfg.Concurrency && len(e.readyq) > 0 {
 		l := e.readyq[0]
 		e.readyq[0] = nil
@@ -441,10 +449,12 @@ func (e *Engine) startCalls() {
 			continue
 		}
 		e.start(l, false)
+		started = true
 	}
 	if len(e.readyq) == 0 {
 		e.readyq = nil // let the backing array go
 	}
+	return started
 }
 
 // start sends the lane's next rows in one call: up to PublishBatch of
