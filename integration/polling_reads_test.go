@@ -113,8 +113,8 @@ func TestPollingFullReadLeadsToTheNextRead(t *testing.T) {
 	var reads atomic.Int64
 	const batch = 50
 	f := conformance.StartForwarder(t, forwarder.Config{
-		DB: db, Dialect: d, Destination: dest, BatchSize: batch, PollInterval: time.Hour,
-		Source: forwarder.Polling{Partitions: 16, WatchInterval: -1},
+		DB: db, Dialect: d, Destination: dest, BatchSize: batch, DelayedPollInterval: time.Hour,
+		Source: forwarder.Polling{PollInterval: time.Hour, Partitions: 16, WatchInterval: -1},
 		Hooks:  forwarder.Hooks{OnRead: func(int) { reads.Add(1) }},
 	})
 	opened := sync.OnceFunc(func() { close(dest.open) })
