@@ -24,6 +24,8 @@ type options struct {
 	batch, concurrency int
 	// forwarder instances sharing the outbox in the forward case
 	instances int
+	// rounds of cases that alternate two sides, 0 = the case's default
+	rounds int
 	// dead letters hold their keys (forwarder.Config.DeadLetterHoldsKey)
 	hold bool
 	// RabbitMQ publisher channel pool, 0 = the bench's default
@@ -58,6 +60,7 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 0, "millbox forwarder Concurrency (0 = default)")
 	flag.BoolVar(&o.hold, "hold", false, "forward-noop: dead letters hold their keys (forwarder.Config.DeadLetterHoldsKey)")
 	flag.IntVar(&o.instances, "instances", 1, "forward: millbox forwarders sharing the outbox (they split its partitions)")
+	flag.IntVar(&o.rounds, "rounds", 0, "instances: rounds of the two sides (0 = the case's default)")
 	flag.IntVar(&o.channels, "channels", 0, "RabbitMQ publisher channel pool size (0 = 64)")
 	flag.StringVar(&o.dest, "dest", "kafka", "forward: destination, kafka (kfake), nats (JetStream) or redis (streams)")
 	flag.StringVar(&o.natsURL, "nats", env("MILLBOX_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL (JetStream enabled)")
