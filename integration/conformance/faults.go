@@ -157,6 +157,81 @@ func Faults(t *testing.T, env Env) {
 		CheckKeyOrder(t, rec.Messages(), forwarder.DefaultKeyMetadataField)
 	})
 
+	// While one key's call hangs, the other keys keep their pace: a
+	// message committed after the previous one arrived arrives about as
+	// soon as a message through an independent forwarder with no hung
+	// call (the pacer) does. The pacer's messages go one at a time, each
+	// written once the one before arrived; a message of another key must
+	// arrive before pacerLimit of them did. (A destination that answers
+	// every call but the hung one must not count as stalled: reads were
+	// refused for up to a second after each read that found nothing new.)
+	t.Run("HungCallLeavesOtherKeysTheirPace", func(t *testing.T) {
+		const rounds, pacerLimit = 5, 5
+		d := env.NewDialect(t)
+		rec := NewRecorder()
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		rec.SetReject(func(_ string, m *message.Message) error {
+			if keyOf(m) == "slow" {
+				once.Do(func() { close(entered) })
+				<-release
+			}
+			return nil
+		})
+		cfg := base(t, d, rec)
+		cfg.PublishTimeout = time.Hour
+		StartForwarder(t, cfg)
+		var releaseOnce sync.Once
+		unblock := func() { releaseOnce.Do(func() { close(release) }) }
+		t.Cleanup(unblock) // before the forwarder's Close, also when the test fails
+
+		pd, pacerRec := env.NewDialect(t), NewRecorder()
+		pcfg := base(t, pd, pacerRec)
+		pcfg.Source = forwarder.Polling{Partitions: 1}
+		StartForwarder(t, pcfg)
+		paced := 0
+		pace := func() {
+			t.Helper()
+			writeKey(t, ctx, src, pd, "pace", paced, 1)
+			paced++
+			for !pacerRec.has("pace", paced-1) {
+				time.Sleep(time.Millisecond)
+			}
+		}
+
+		writeKey(t, ctx, src, d, "slow", 0, 1)
+		<-entered
+		// A call that starts after the hung one and ends shows that the
+		// destination answers.
+		writeKey(t, ctx, src, d, "warm", 0, 1)
+		for !rec.has("warm", 0) {
+			time.Sleep(time.Millisecond)
+		}
+		for r := range rounds {
+			// Let the forwarder find nothing new for a while, as
+			// between the commits of a slow stream.
+			for range 3 {
+				pace()
+			}
+			key := "k" + strconv.Itoa(r)
+			writeKey(t, ctx, src, d, key, 0, 1)
+			n := 0
+			for !rec.has(key, 0) {
+				if n == pacerLimit {
+					t.Fatalf("round %d: %d messages through an independent forwarder arrived one after the other before the message of key %s, committed before them, while key slow's call hangs", r, n, key)
+				}
+				pace()
+				n++
+			}
+			t.Logf("round %d: %d pacer messages arrived before the message of key %s", r, n, key)
+		}
+		select {
+		case <-release:
+			t.Fatal("released early")
+		default:
+		}
+	})
+
 	t.Run("TimedOutCallNeverLetsItsKeyMoveOn", func(t *testing.T) {
 		d := env.NewDialect(t)
 		rec := NewRecorder()

@@ -67,7 +67,7 @@ type Engine struct {
 	breaker  breaker
 	progress bool      // a call ended since the source last took rows
 	lastTook time.Time // when the source last took rows
-	lastStir time.Time // when a call last ended, or started with none out
+	waitFrom time.Time // when the first call started after a call last ended; zero while none did
 	gate     *time.Timer
 	gateSet  bool // gate runs: the destination stopped answering
 	paused   bool // by the source (its leases ran out)
@@ -231,16 +231,18 @@ func (e *Engine) room() bool {
 }
 
 // answering tells whether the destination looks alive enough for more
-// rows: no call is out, a call ended since the source last took rows or
-// within stallAfter, or probeMax has passed since the source last took
-// rows. While calls hang and none ends (a broker away whose client waits
-// for it instead of failing) the source takes rows once per probeMax at
-// most: they would only wait behind those calls, and reading the outbox
-// for them again and again would load the database for nothing. A call
-// hanging alone does not stop the other keys: rows of other keys are
-// taken within probeMax, and their calls ending let rows flow again.
+// rows: no call is out, a call ended since the source last took rows, or
+// every call started since a call last ended is younger than stallAfter
+// (or there is none), or probeMax has passed since the source last took
+// rows. While the calls started after the last answer hang (a broker away
+// whose client waits for it instead of failing) the source takes rows
+// once per probeMax at most: they would only wait behind those calls, and
+// reading the outbox for them again and again would load the database for
+// nothing. A call hanging alone does not count once a call that started
+// after it ended: the destination answers the other keys, whose rows flow
+// on.
 func (e *Engine) answering() bool {
-	if e.progress || e.active == 0 || e.breaker.probeRead || time.Since(e.lastStir) < stallAfter {
+	if e.progress || e.active == 0 || e.breaker.probeRead || e.waitFrom.IsZero() || time.Since(e.waitFrom) < stallAfter {
 		return true
 	}
 	wait := probeMax - time.Since(e.lastTook)
@@ -468,16 +470,27 @@ func (e *Engine) start(l *lane, probe bool) {
 	l.queue = l.queue[n:]
 	e.buffered -= n
 	l.call = c
-	if e.active == 0 {
-		e.lastStir = time.Now()
+	e.callStarted()
+	go e.runCall(c)
+}
+
+// callStarted counts a call (or transaction) that starts now.
+func (e *Engine) callStarted() {
+	if e.waitFrom.IsZero() {
+		e.waitFrom = time.Now()
 	}
 	e.active++
-	go e.runCall(c)
+}
+
+// callEnded notes that a call (or transaction) ended, or passed
+// PublishTimeout: the calls out now all started before it.
+func (e *Engine) callEnded() {
+	e.progress, e.waitFrom = true, time.Time{}
 }
 
 func (e *Engine) onCall(ev callEvent) {
 	c, l := ev.c, ev.c.lane
-	e.progress, e.lastStir = true, time.Now()
+	e.callEnded()
 	if ev.kind == eventTimeout {
 		// The call may still succeed; until it returns, the key must not
 		// move. Free its slot, and count the attempt as failed unless the

@@ -215,7 +215,7 @@ func (t *txEngine) send(tp *txPart, probe *lane) {
 		}
 	}
 	tp.busy = tc
-	e.active++
+	e.callStarted()
 	progress := encodeProgress(tp.published, extra)
 	go e.run(tc.calls, tc, progress)
 }
@@ -249,7 +249,7 @@ func (t *txEngine) onTxn(ev txEvent) {
 	}
 	tc, tp := ev.tc, ev.tc.part
 	e.active--
-	e.progress = true
+	e.callEnded()
 	tp.busy = nil
 	current := tc.gen == tp.gen
 	st := Batch{Duration: ev.took}
