@@ -136,6 +136,12 @@ type Config struct {
 	// slot) all finish within it. Defaults to DefaultCloseTimeout.
 	CloseTimeout time.Duration
 
+	// Wake, when set, makes the forwarder look at the outbox and at its
+	// scheduled messages at once whenever it receives a value: for an
+	// application that learns of new rows in a way the forwarder does not
+	// (a doorbell of its own, as forwarder/fleet has). Defaults to nil.
+	Wake <-chan struct{}
+
 	// Logger receives the forwarder's logs. Defaults to the log/slog
 	// default logger, with Watermill's info level mapped to slog's debug
 	// level, so that errors and warnings show and routine retries do not.

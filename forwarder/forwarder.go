@@ -59,6 +59,8 @@ type Forwarder struct {
 	src    source.Source
 	txDest destination.TxDestination // with ExactlyOnce
 	life   startstop.Base
+	// Config.Wake fans out to the source and the mover.
+	srcWake, moverWake chan struct{}
 }
 
 // New validates cfg and returns a forwarder. It starts nothing: call Run.
@@ -72,6 +74,9 @@ func New(cfg Config) (*Forwarder, error) {
 		return nil, fmt.Errorf("millbox: forwarder telemetry: %w", err)
 	}
 	f := &Forwarder{cfg: cfg, tel: tel}
+	if cfg.Wake != nil {
+		f.srcWake, f.moverWake = make(chan struct{}, 1), make(chan struct{}, 1)
+	}
 	if cfg.ExactlyOnce {
 		f.txDest = cfg.Destination.(destination.TxDestination)
 	}
@@ -86,6 +91,7 @@ func New(cfg Config) (*Forwarder, error) {
 		ReportError:     f.reportError,
 		Read:            f.read,
 		Active:          f.active,
+		Wake:            f.srcWake,
 		ExactlyOnce:     cfg.ExactlyOnce,
 		DeadLetterHolds: cfg.DeadLetterHoldsKey,
 		Settings: []sqladapters.Setting{
@@ -142,8 +148,15 @@ func (f *Forwarder) run(ctx context.Context) error {
 		defer close(moving)
 		mover.Run(ctx, mover.Config{
 			DB: f.cfg.DB, Dialect: f.cfg.Dialect, Interval: f.cfg.DelayedPollInterval, BatchSize: f.cfg.BatchSize,
-			Logger: f.cfg.Logger, ReportError: f.reportError,
+			Logger: f.cfg.Logger, ReportError: f.reportError, Wake: f.moverWake,
 		})
+	}()
+	waking := make(chan struct{})
+	go func() {
+		defer close(waking)
+		if f.cfg.Wake != nil {
+			f.fanOutWakes(ctx)
+		}
 	}()
 	engine.New(engine.Config{
 		DB:                 f.cfg.DB,
@@ -165,6 +178,7 @@ func (f *Forwarder) run(ctx context.Context) error {
 		Started:            f.life.Started,
 	}, f.src).Run(ctx)
 	<-moving
+	<-waking
 	// Nothing is in flight any more: the source hands over what it holds.
 	f.src.Close()
 	return nil
@@ -200,6 +214,24 @@ func (f *Forwarder) Close() error {
 		return fmt.Errorf("%w: a destination Publish call is blocking", err)
 	}
 	return nil
+}
+
+// fanOutWakes hands each value of Config.Wake to the source and the
+// mover, until ctx ends.
+func (f *Forwarder) fanOutWakes(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.cfg.Wake:
+			for _, ch := range []chan struct{}{f.srcWake, f.moverWake} {
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
 }
 
 // reportError remembers the latest error for Status and passes it to

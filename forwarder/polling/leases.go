@@ -126,11 +126,16 @@ func (p *poller) ownedPartitions(ctx context.Context) ([]int, error) {
 // after the renewal started, measured on the local clock, so this instance
 // stops publishing strictly before another one can take them over.
 func (p *poller) setOwned(owned []int, renewedAt time.Time) {
+	p.setOwnedUntil(owned, renewedAt.Add(p.cfg.LeaseTTL-p.cfg.LeaseTTL/10))
+}
+
+// setOwnedUntil records the partitions held and until when.
+func (p *poller) setOwnedUntil(owned []int, deadline time.Time) {
 	p.leaseMu.Lock()
 	changed := !slices.Equal(owned, p.owned)
 	activeChanged := (len(owned) > 0) != (len(p.owned) > 0)
 	p.owned = owned
-	p.leaseDeadline = renewedAt.Add(p.cfg.LeaseTTL - p.cfg.LeaseTTL/10)
+	p.leaseDeadline = deadline
 	gone := p.notOwned()
 	p.leaseMu.Unlock()
 	p.afterOwned(gone)
@@ -146,6 +151,10 @@ func (p *poller) setOwned(owned []int, renewedAt time.Time) {
 // leave releases every partition and the member row, so other instances
 // take over without waiting for the leases to expire.
 func (p *poller) leave() {
+	if p.env.Owner != nil {
+		p.setOwnedUntil(nil, time.Time{})
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(p.env.CloseTimeout, 10*time.Second))
 	defer cancel()
 	p.leaseMu.Lock()
@@ -214,4 +223,36 @@ func (p *poller) heartbeat(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// ownerLoop holds every partition while Env.Owner says the outbox is this
+// instance's, and none once it is not: the lease is held elsewhere (a
+// fleet's lease on a tenant), so nothing is written to the outbox's own
+// lease tables. It looks at least every second and halfway to the end of
+// the lease, so a renewal extends the deadline in time.
+func (p *poller) ownerLoop(ctx context.Context, ready chan<- struct{}) {
+	all := make([]int, p.cfg.Partitions)
+	for i := range all {
+		all[i] = i
+	}
+	for {
+		wait := 100 * time.Millisecond
+		if d := p.env.Owner(); time.Now().Before(d) {
+			p.setOwnedUntil(all, d)
+			wait = max(min(time.Second, time.Until(d)/2), 10*time.Millisecond)
+		} else {
+			p.setOwnedUntil(nil, time.Time{})
+		}
+		if ready != nil {
+			close(ready)
+			ready = nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -198,6 +198,9 @@ var fastPolls = []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 
 // Prepare implements source.Source: the lease rows exist and agree with
 // Partitions.
 func (p *poller) Prepare(ctx context.Context) error {
+	if p.env.Owner != nil {
+		return nil // the outbox is held elsewhere: no leases here
+	}
 	d, db := p.env.Dialect, p.env.DB
 	if err := d.EnsurePartitions(ctx, db, p.cfg.Partitions); err != nil {
 		return fmt.Errorf("millbox: forwarder start: %w", err)
@@ -242,7 +245,11 @@ func (p *poller) Start(ctx context.Context, e source.Engine) (wait func()) {
 		wg.Go(func() { p.maintainLoop(ctx, m) })
 	}
 	leaseReady := make(chan struct{})
-	wg.Go(func() { p.leaseLoop(ctx, leaseReady) })
+	if p.env.Owner != nil {
+		wg.Go(func() { p.ownerLoop(ctx, leaseReady) })
+	} else {
+		wg.Go(func() { p.leaseLoop(ctx, leaseReady) })
+	}
 	acquired := make(chan struct{})
 	if p.env.ExactlyOnce {
 		wg.Go(func() { p.acquireLoop(ctx, acquired) })
@@ -309,6 +316,8 @@ func (p *poller) wakeLoop(ctx context.Context) {
 		case <-p.fastCh:
 			p.e.Do(p.fast)
 		case <-p.localCh:
+			p.e.Do(p.fast)
+		case <-p.env.Wake:
 			p.e.Do(p.fast)
 		}
 	}

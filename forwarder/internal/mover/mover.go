@@ -29,6 +29,8 @@ type Config struct {
 	Logger    watermill.LoggerAdapter
 	// ReportError reports an error the mover retries.
 	ReportError func(error)
+	// Wake, when set, makes the mover look at once whenever it receives.
+	Wake <-chan struct{}
 }
 
 // Mover moves scheduled messages into the outbox once they are due.
@@ -85,6 +87,7 @@ func (m *Mover) run(ctx context.Context) {
 				}
 			}
 			continue
+		case <-m.cfg.Wake:
 		case <-timer.C:
 		}
 		moved, next, err := m.move(ctx)

@@ -88,6 +88,16 @@ type Env struct {
 	// (Engine.Acquire) before it reads rows of it, and gives it up
 	// (Engine.Release) when it no longer holds it.
 	ExactlyOnce bool
+	// Owner, when set, grants the source the whole outbox without leases
+	// of its own: it holds every partition while Owner returns a time in
+	// the future (the end of a lease held elsewhere, such as a fleet's
+	// lease on a tenant), and keeps no lease or member rows in the
+	// outbox's tables.
+	Owner func() time.Time
+	// Wake, when set, receives a value whenever the outbox may have new
+	// rows that the source would not learn of by itself (a fleet's
+	// doorbell): the source looks at once.
+	Wake <-chan struct{}
 	// Settings are the forwarder settings every instance of the outbox
 	// must agree on. A source whose instances share the outbox records
 	// them with its heartbeat (sqladapters.Dialect.HeartbeatSettings) and
