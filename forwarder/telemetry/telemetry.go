@@ -74,6 +74,9 @@ const (
 	// AttrOutboxTable names the outbox table (schema-qualified where the
 	// database has schemas, without quotes) on every millbox metric.
 	AttrOutboxTable = attribute.Key("millbox.outbox.table")
+	// AttrTenant names the tenant a fleet's forwarder serves
+	// (forwarder/fleet, Config.TenantAttribute).
+	AttrTenant = attribute.Key("millbox.tenant")
 )
 
 // Error classes, the values of the error.type attribute on the
@@ -128,6 +131,11 @@ type Config struct {
 	// as "kafka" or "rabbitmq". Defaults to "" (the attribute is left
 	// out), because the destination is any message.Publisher.
 	MessagingSystem string
+	// Attributes are added to every metric and span of the forwarder,
+	// such as the tenant a fleet's forwarder serves (forwarder/fleet sets
+	// millbox.tenant). Keep their values few: each is a time series.
+	// Defaults to none.
+	Attributes []attribute.KeyValue
 }
 
 // DefaultPropagator returns the W3C Trace Context propagator: the
@@ -268,6 +276,7 @@ func NewRecorder(cfg Config, d sqladapters.Dialect) (*Recorder, error) {
 	if cfg.MessagingSystem != "" {
 		t.base = append(t.base, semconv.MessagingSystemKey.String(cfg.MessagingSystem))
 	}
+	t.base = append(t.base, cfg.Attributes...)
 	var errs [5]error
 	t.sentMessages, errs[0] = t.meter.Int64Counter(MetricSentMessages,
 		metric.WithUnit("{message}"),
