@@ -58,3 +58,19 @@ func TestFailoverPollingDatabaseSQL(t *testing.T) {
 	t.Parallel()
 	runFailover(t, failover.Scenario{Mode: failover.Polling, Driver: failover.StdSQL})
 }
+
+// TestFailoverPollingFenced makes the primary read-only while sessions
+// stay connected to it (a fenced old primary) and promotes the standby:
+// the forwarder's and the publishers' pools drop the connections whose
+// writes fail with SQLSTATE 25006, and new ones find the new primary.
+func TestFailoverPollingFenced(t *testing.T) {
+	t.Parallel()
+	runFailover(t, failover.Scenario{Mode: failover.Polling, Ending: failover.Fence})
+}
+
+// TestFailoverPollingFencedDatabaseSQL is TestFailoverPollingFenced
+// through database/sql.
+func TestFailoverPollingFencedDatabaseSQL(t *testing.T) {
+	t.Parallel()
+	runFailover(t, failover.Scenario{Mode: failover.Polling, Ending: failover.Fence, Driver: failover.StdSQL})
+}
