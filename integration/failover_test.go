@@ -1,9 +1,12 @@
 package integration_test
 
 import (
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/millbox/millbox/forwarder/cdc"
 	"github.com/millbox/millbox/integration/failover"
 	"github.com/millbox/millbox/integration/testenv"
 )
@@ -73,4 +76,36 @@ func TestFailoverPollingFenced(t *testing.T) {
 func TestFailoverPollingFencedDatabaseSQL(t *testing.T) {
 	t.Parallel()
 	runFailover(t, failover.Scenario{Mode: failover.Polling, Ending: failover.Fence, Driver: failover.StdSQL})
+}
+
+// TestFailoverCDC kills the primary under the change-data-capture
+// forwarder and promotes the standby, which has no replication slot: the
+// forwarder, never restarted, recreates the slot (CreateIfMissing) and
+// delivers from the table every row the lost slot had not confirmed.
+func TestFailoverCDC(t *testing.T) {
+	t.Parallel()
+	runFailover(t, failover.Scenario{Mode: failover.CDC})
+}
+
+// TestFailoverWithoutTable kills the primary under publishers without a
+// table and promotes the standby: publishers keep committing, into the
+// table while no slot exists; the forwarder recreates its slot, reports
+// the stretch of WAL the lost slot had not confirmed, and everything
+// committed after the promotion arrives.
+func TestFailoverWithoutTable(t *testing.T) {
+	t.Parallel()
+	var lost atomic.Pointer[cdc.SlotLostError]
+	res := runFailover(t, failover.Scenario{Mode: failover.WithoutTable, Errors: func(err error) {
+		if sl := (*cdc.SlotLostError)(nil); errors.As(err, &sl) {
+			lost.Store(sl)
+		}
+	}})
+	sl := lost.Load()
+	if sl == nil {
+		t.Fatal("the forwarder did not report the lost slot")
+	}
+	t.Logf("%d messages committed before the failover were lost with the slot; reported: %v", res.LostBefore, sl)
+	if res.LostBefore > 0 && sl.Bytes() == 0 {
+		t.Fatalf("%d messages were lost, but the reported range is empty: %v", res.LostBefore, sl)
+	}
 }

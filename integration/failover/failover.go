@@ -297,6 +297,7 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 		return Result{}, err
 	}
 	ended := time.Now()
+	s.Logger.Info("failover: the primary went away", watermill.LogFields{"ending": string(s.Ending)})
 	sleep(ctx, s.Down)
 	pctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	err = s.Pair.Promote(pctx)
@@ -305,6 +306,7 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 		return Result{}, err
 	}
 	promoted := time.Now()
+	s.Logger.Info("failover: the standby was promoted", nil)
 	sleep(ctx, s.After)
 	stopWriters()
 	wg.Wait()
