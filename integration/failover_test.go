@@ -35,8 +35,8 @@ func runFailover(t *testing.T, s failover.Scenario) failover.Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s/%s %s: committed %d (%d before, %d after), unknown %d, delivered %d, duplicates %d, lost %d (%d before), first commit after the promotion %v, resume %v",
-		s.Mode, s.Driver, s.Ending, res.Committed, res.CommittedBefore, res.CommittedAfter, res.Unknown, res.Delivered, res.Duplicates,
+	t.Logf("%s/%s %s: committed %d (%d before, %d of them left to deliver, %d after), unknown %d, delivered %d, duplicates %d, lost %d (%d before), first commit after the promotion %v, resume %v",
+		s.Mode, s.Driver, s.Ending, res.Committed, res.CommittedBefore, res.Backlog, res.CommittedAfter, res.Unknown, res.Delivered, res.Duplicates,
 		len(res.Lost), res.LostBefore, res.FirstCommit, res.Resume)
 	switch {
 	case res.Stopped != nil:
@@ -89,23 +89,34 @@ func TestFailoverPollingFencedDatabaseSQL(t *testing.T) {
 }
 
 // TestFailoverCDC kills the primary under the change-data-capture
-// forwarder and promotes the standby, which has no replication slot: the
-// forwarder, never restarted, recreates the slot (CreateIfMissing) and
-// delivers from the table every row the lost slot had not confirmed.
+// forwarder, which lags behind the publishers (a slow destination), and
+// promotes the standby, which has no replication slot: the forwarder,
+// never restarted, recreates the slot (CreateIfMissing) and delivers from
+// the table every row the lost slot had not confirmed.
 func TestFailoverCDC(t *testing.T) {
 	t.Parallel()
-	runFailover(t, failover.Scenario{Mode: failover.CDC})
+	res := runFailover(t, failover.Scenario{Mode: failover.CDC, DestinationDelay: lag})
+	if res.Backlog == 0 {
+		t.Fatal("the forwarder had nothing left to deliver when the primary died: the scenario did not test a backlog")
+	}
 }
 
+// lag is the destination's time per call, one call at a time, in the runs
+// where the forwarder falls behind the publishers: slower than they
+// commit, even on a loaded machine.
+const lag = 30 * time.Millisecond
+
 // TestFailoverWithoutTable kills the primary under publishers without a
-// table and promotes the standby: publishers keep committing, into the
-// table while no slot exists; the forwarder recreates its slot, reports
-// the stretch of WAL the lost slot had not confirmed, and everything
-// committed after the promotion arrives.
+// table, while the forwarder lags (a slow destination), and promotes the
+// standby: publishers keep committing, into the table while no slot
+// exists; the forwarder recreates its slot, reports the stretch of WAL
+// the lost slot had not confirmed, and everything committed after the
+// promotion arrives. Messages committed before the failover that the
+// lost slot had not delivered are lost, as the package doc says.
 func TestFailoverWithoutTable(t *testing.T) {
 	t.Parallel()
 	var lost atomic.Pointer[cdc.SlotLostError]
-	res := runFailover(t, failover.Scenario{Mode: failover.WithoutTable, Errors: func(err error) {
+	res := runFailover(t, failover.Scenario{Mode: failover.WithoutTable, DestinationDelay: lag, Errors: func(err error) {
 		if sl := (*cdc.SlotLostError)(nil); errors.As(err, &sl) {
 			lost.Store(sl)
 		}
@@ -117,6 +128,9 @@ func TestFailoverWithoutTable(t *testing.T) {
 	t.Logf("%d messages committed before the failover were lost with the slot; reported: %v", res.LostBefore, sl)
 	if res.LostBefore > 0 && sl.Bytes() == 0 {
 		t.Fatalf("%d messages were lost, but the reported range is empty: %v", res.LostBefore, sl)
+	}
+	if res.Backlog == 0 || res.LostBefore == 0 {
+		t.Fatalf("%d messages left to deliver when the primary died, %d of them lost: the scenario did not take the slot away with unread messages", res.Backlog, res.LostBefore)
 	}
 }
 

@@ -108,6 +108,11 @@ type Scenario struct {
 	// Drain is how long to wait, once publishing ended, for every
 	// committed message to arrive. Defaults to 30s.
 	Drain time.Duration
+	// DestinationDelay makes the destination take one call at a time,
+	// each for this long, so that the forwarder lags behind the
+	// publishers when the primary goes away. Defaults to 0: calls return
+	// at once, in parallel.
+	DestinationDelay time.Duration
 	// Logger is the forwarder's logger. Defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// Errors, when set, receives every error the forwarder reports
@@ -143,6 +148,9 @@ type Result struct {
 	// succeed; CommittedBefore of them before the primary went away,
 	// CommittedAfter after the promotion.
 	Committed, CommittedBefore, CommittedAfter int
+	// Backlog counts the messages committed before the primary went away
+	// that had not arrived by then: what the forwarder had still to do.
+	Backlog int
 	// Unknown counts messages whose commit failed with the connection:
 	// the application cannot know whether they committed. They may or
 	// may not arrive.
@@ -157,8 +165,9 @@ type Result struct {
 	Delivered, Duplicates int
 	// Order lists per-key order violations among first deliveries.
 	Order []string
-	// Resume is the time from the promotion to the first delivery after
-	// it; -1 when none came.
+	// Resume is the time from the promotion to the first delivery of a
+	// message committed after it (one read from the new primary); -1 when
+	// none came.
 	Resume time.Duration
 	// FirstCommit is the time from the promotion to the first commit
 	// after it; -1 when none came.
@@ -188,26 +197,34 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 		return Result{}, errors.New("failover: Scenario.Pair is required")
 	}
 	url := s.Pair.URL()
+	schema := testenv.UniqueName("fo_")
 	fdb, closeF, err := open(ctx, s.Driver, url)
 	if err != nil {
 		return Result{}, err
 	}
 	defer closeF()
-	pdb, closeP, err := open(ctx, s.Driver, url)
+	// The publishers name the outbox through their search_path, the
+	// forwarder by its schema: a publisher wakes a forwarder of its own
+	// process that names the table as it does, and these, as publishers
+	// of another process, leave the forwarder to find their commits in
+	// the database.
+	pdb, closeP, err := open(ctx, s.Driver, url+"&search_path="+schema)
 	if err != nil {
 		return Result{}, err
 	}
 	defer closeP()
-
-	schema := testenv.UniqueName("fo_")
 	d, err := postgres.New(postgres.Options{Schema: schema})
+	if err != nil {
+		return Result{}, err
+	}
+	pd, err := postgres.New(postgres.Options{})
 	if err != nil {
 		return Result{}, err
 	}
 	if err := sqladapters.Migrate(ctx, fdb, d); err != nil {
 		return Result{}, fmt.Errorf("migrate: %w", err)
 	}
-	rec := newRecorder()
+	rec := newRecorder(s.DestinationDelay)
 	cfg := forwarder.Config{DB: fdb, Dialect: d, Destination: rec, Logger: s.Logger}
 	if s.Errors != nil {
 		cfg.Hooks.OnError = s.Errors
@@ -235,7 +252,7 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("forwarder: %w", err)
 	}
-	pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: d, WithoutTable: s.Mode == WithoutTable})
+	pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: pd, WithoutTable: s.Mode == WithoutTable})
 	if err != nil {
 		return Result{}, err
 	}
@@ -312,14 +329,23 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 	wg.Wait()
 
 	res := Result{Resume: -1, FirstCommit: -1}
-	want := map[string]bool{}
+	all, after := map[string]bool{}, map[string]bool{}
 	for _, m := range msgs {
 		if m.committed {
-			want[uuidOf(m.key, m.seq)] = true
+			all[uuidOf(m.key, m.seq)] = true
+			if m.at.After(promoted) {
+				after[uuidOf(m.key, m.seq)] = true
+			}
 		}
 	}
+	// Without a table, what the lost slot had not delivered never
+	// arrives: once everything committed after the promotion has, the
+	// wait ends when deliveries stop.
 	deadline := time.Now().Add(s.Drain)
-	for !rec.hasAll(want) && time.Now().Before(deadline) && ctx.Err() == nil {
+	for !rec.hasAll(all) && time.Now().Before(deadline) && ctx.Err() == nil {
+		if s.Mode == WithoutTable && rec.hasAll(after) && time.Since(rec.lastAt()) > quiet {
+			break
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	select {
@@ -331,10 +357,21 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 	default:
 	}
 	got := rec.snapshot()
+	arrived := map[string]time.Time{}
+	for _, dl := range got {
+		if _, ok := arrived[dl.uuid]; !ok {
+			arrived[dl.uuid] = dl.at
+		}
+	}
+	for _, m := range msgs {
+		if at, ok := arrived[uuidOf(m.key, m.seq)]; m.committed && m.at.Before(ended) && (!ok || at.After(ended)) {
+			res.Backlog++
+		}
+	}
 	seen := map[string]bool{}
 	last := map[string]int{}
 	for _, dl := range got {
-		if !dl.at.Before(promoted) && res.Resume < 0 {
+		if after[dl.uuid] && res.Resume < 0 {
 			res.Resume = dl.at.Sub(promoted)
 		}
 		if seen[dl.uuid] {
@@ -385,6 +422,10 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-time.After(d):
 	}
 }
+
+// quiet is how long deliveries must have stopped before a run without a
+// table stops waiting for messages the lost slot took with it.
+const quiet = 3 * time.Second
 
 // uuidOf names message seq of key: a redelivery carries the same UUID.
 func uuidOf(key, seq int) string { return "k" + strconv.Itoa(key) + "-" + strconv.Itoa(seq) }
@@ -449,15 +490,24 @@ type delivery struct {
 // recorder is the in-memory destination: it records every delivery with
 // its time.
 type recorder struct {
-	mu   sync.Mutex
-	got  []delivery
-	seen map[string]bool
+	delay time.Duration
+	slow  sync.Mutex // one call at a time, with delay
+	mu    sync.Mutex
+	got   []delivery
+	seen  map[string]bool
 }
 
-func newRecorder() *recorder { return &recorder{seen: map[string]bool{}} }
+func newRecorder(delay time.Duration) *recorder {
+	return &recorder{delay: delay, seen: map[string]bool{}}
+}
 
 // Publish implements message.Publisher.
 func (r *recorder) Publish(_ string, msgs ...*message.Message) error {
+	if r.delay > 0 {
+		r.slow.Lock()
+		time.Sleep(r.delay)
+		r.slow.Unlock()
+	}
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -481,6 +531,16 @@ func (r *recorder) hasAll(want map[string]bool) bool {
 		}
 	}
 	return true
+}
+
+// lastAt is the time of the last delivery.
+func (r *recorder) lastAt() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.got) == 0 {
+		return time.Time{}
+	}
+	return r.got[len(r.got)-1].at
 }
 
 func (r *recorder) snapshot() []delivery {
