@@ -60,8 +60,11 @@ type Source struct {
 	// decodes. Defaults to DefaultPublication.
 	Publication string
 	// CreateIfMissing makes Run create the publication and the slot (as
-	// Setup does) when they do not exist. Defaults to false: Run reports
-	// them missing.
+	// Setup does) when they do not exist: at start, and whenever the
+	// reader finds the slot gone later (dropped, or the server is a
+	// standby promoted since; see Failover in the package doc), after
+	// which it reads from the table what the lost slot had not confirmed.
+	// Defaults to false: Run reports them missing, and so does the reader.
 	CreateIfMissing bool
 	// StandbyRetry is how often a standby instance tries to become the
 	// active reader. Defaults to DefaultStandbyRetry.

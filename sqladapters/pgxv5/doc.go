@@ -23,10 +23,10 @@
 // keeps the connections it has to a primary that died or became read-only.
 // A DB made by WrapPool therefore drops every connection of its pool
 // (pgxpool.Pool.Reset) when a statement of the DB, or of a transaction it
-// began, fails in a way DropsConnections recognizes (the server ended the
+// began, fails in a way DropsConnection recognizes (the server ended the
 // session, the connection broke, or a write was refused as read-only,
 // SQLSTATE 25006); the next statements connect afresh. The application's
 // own pool, whose transactions an outbox Publisher writes in, needs the
 // same: begin them through the same DB (DB.Begin), or reset the pool when
-// DropsConnections(err) is true.
+// DropsConnection(err) is true.
 package pgxv5

@@ -126,7 +126,7 @@ type DB struct {
 // own, which a pool behind PgBouncer in transaction pooling needs.
 //
 // When a statement of the DB, or of a transaction it began, finds that the
-// server went away or cannot write (see DropsConnections), the DB drops
+// server went away or cannot write (see DropsConnection), the DB drops
 // every connection of the pool (pgxpool.Pool.Reset): pgx checks
 // target_session_attrs only when it opens a connection, so a pool would
 // otherwise keep its connections to a dead or demoted primary, while new
@@ -184,7 +184,7 @@ const resetEvery = time.Second
 // failed resets the pool when err says that the server went away or
 // cannot write.
 func (d *DB) failed(err error) {
-	if d.pool == nil || !DropsConnections(err) {
+	if d.pool == nil || !DropsConnection(err) {
 		return
 	}
 	now := time.Now().UnixNano()
@@ -206,7 +206,7 @@ func sqlState(err error) string {
 	return ""
 }
 
-// DropsConnections tells whether err says that the server of the
+// DropsConnection tells whether err says that the server of the
 // connection went away or cannot write, so that a pool should drop its
 // connections to it: the server refused a write as read-only (SQLSTATE
 // 25006: a primary demoted, or fenced with default_transaction_read_only),
@@ -217,7 +217,7 @@ func sqlState(err error) string {
 // itself; a pool of the application, whose transactions the outbox
 // Publisher writes in, can do the same with this function (see the
 // package doc, "Failover").
-func DropsConnections(err error) bool {
+func DropsConnection(err error) bool {
 	if err == nil {
 		return false
 	}

@@ -47,7 +47,7 @@ func TestPreparedStatementErrorsNameTheExecMode(t *testing.T) {
 	}
 }
 
-func TestDropsConnections(t *testing.T) {
+func TestDropsConnection(t *testing.T) {
 	for _, c := range []struct {
 		err  error
 		want bool
@@ -66,8 +66,8 @@ func TestDropsConnections(t *testing.T) {
 		{fmt.Errorf("%w: %w", context.Canceled, &net.OpError{Op: "read"}), false},
 		{nil, false},
 	} {
-		if got := DropsConnections(c.err); got != c.want {
-			t.Errorf("DropsConnections(%v) = %v, want %v", c.err, got, c.want)
+		if got := DropsConnection(c.err); got != c.want {
+			t.Errorf("DropsConnection(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }
