@@ -33,9 +33,9 @@
 // ROLE name REPLICATION). Setup creates the publication (inserts into
 // the outbox table) and the slot; Drop removes them;
 // Source.CreateIfMissing makes Run create them, also when the slot is
-// found gone later. Run reports a missing
-// setting, privilege, table, publication or slot at once, saying what to
-// change, and Ready returns the same error. Slot and publication names
+// found gone later. Run reports a missing setting, privilege, table,
+// publication or slot at once, saying what to change, and Ready returns
+// the same error. Slot and publication names
 // are plain lower-case identifiers; anything else is refused. The outbox
 // table, the outbox Publisher, dead letters and their requeue are the same
 // as with polling: an application switches sources by changing
