@@ -75,10 +75,16 @@ func (s *streamer) Start(ctx context.Context, e source.Engine) (wait func()) {
 // and each try costs one statement.
 const maxRetry = time.Second
 
+// repeatLogEvery is how often the same failure of the lead loop is
+// logged again while it lasts: it is tried every second.
+const repeatLogEvery = 10 * time.Second
+
 // run leads when no other instance does, and stands by otherwise, until
 // ctx ends.
 func (s *streamer) run(ctx context.Context) {
 	var delay time.Duration
+	var logged string // the failure last logged, and when
+	var loggedAt time.Time
 	for {
 		err := s.lead(ctx)
 		if ctx.Err() != nil {
@@ -87,9 +93,12 @@ func (s *streamer) run(ctx context.Context) {
 		if err != nil {
 			s.env.ReportError(err)
 			delay = min(failure.RetryDelay(delay), maxRetry)
-			s.env.Logger.Error("millbox cdc: reader stopped; trying again", err, watermill.LogFields{"retry_in": delay.String()})
+			if msg := err.Error(); msg != logged || time.Since(loggedAt) >= repeatLogEvery {
+				s.env.Logger.Error("millbox cdc: reader stopped; trying again", err, watermill.LogFields{"retry_in": delay.String()})
+				logged, loggedAt = msg, time.Now()
+			}
 		} else {
-			delay = s.cfg.StandbyRetry
+			delay, logged = s.cfg.StandbyRetry, ""
 		}
 		t := time.NewTimer(delay)
 		select {
