@@ -234,7 +234,7 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 		src.TableOnly = s.Mode == CDC
 		cfg.Source = src
 	} else {
-		cfg.Source = forwarder.Polling{Partitions: 8, LeaseTTL: 3 * time.Second}
+		cfg.Source = forwarder.Polling{}
 	}
 	fw, err := forwarder.New(cfg)
 	if err != nil {
