@@ -309,7 +309,10 @@ func (p *PostgresPair) run(n *pgNode) error {
 	cmd := exec.Command(filepath.Join(p.bin, "postgres"), "-D", n.data, "-p", strconv.Itoa(n.port))
 	cmd.Dir = p.root
 	cmd.Stdout, cmd.Stderr = n.log, n.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true}
+	// Its own process group, so that KillPrimary ends every process of it;
+	// killed with this process, so that no server outlives a test binary
+	// that was killed (its backends follow the postmaster).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start postgres on port %d: %w", n.port, err)
 	}
@@ -545,9 +548,13 @@ func (p *PostgresPair) Close() {
 // fails.
 func StartPostgresPair(t testing.TB, cfg PostgresPairConfig) *PostgresPair {
 	t.Helper()
-	if _, err := PostgresBinDir(); err != nil {
+	_, err := PostgresBinDir()
+	if err == nil {
+		_, err = pgCredential()
+	}
+	if err != nil {
 		if InCI() {
-			t.Fatalf("%v; CI needs them for the failover tests", err)
+			t.Fatalf("%v; CI needs a PostgreSQL of the test's own for the failover tests", err)
 		}
 		t.Skipf("%v; install PostgreSQL's server package to run this test", err)
 	}
