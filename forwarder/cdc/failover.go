@@ -52,6 +52,7 @@ func (e *SlotLostError) Bytes() uint64 {
 	return e.To - e.From
 }
 
+// Error says which slot was lost, why, and what of the WAL is lost with it.
 func (e *SlotLostError) Error() string {
 	why := "it was dropped"
 	if e.Timeline != e.PreviousTimeline {
