@@ -12,6 +12,13 @@
 // run a nats-server or redis-server of their own on another port (the
 // binaries are found in PATH, /usr/sbin or /usr/bin) and stop that one.
 //
+// The failover tests (failover_test.go) run a PostgreSQL primary and a
+// synchronous standby of their own, on ports of their own, kill or stop
+// the primary under a steady load and promote the standby; they need
+// PostgreSQL's server binaries (initdb, postgres, pg_basebackup), which CI
+// requires.
+//
 // Subpackages: testenv (service discovery and isolation), conformance (the
-// suites every dialect and driver runs), bench (the benchmark program).
+// suites every dialect and driver runs), failover (the failover scenario
+// the tests and the benchmark share), bench (the benchmark program).
 package integration

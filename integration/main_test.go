@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/millbox/millbox/integration/internal/testlog"
+	"github.com/millbox/millbox/integration/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -31,7 +32,7 @@ func TestMain(m *testing.M) {
 	}
 	// Components the tests start without a logger of the test's own log
 	// through slog's default logger; its lines are shown when a test fails.
-	goleak.VerifyTestMain(testlog.DefaultToFailures(m),
+	goleak.VerifyTestMain(testenv.PostgresPairs(testlog.DefaultToFailures(m)),
 		// database/sql keeps one opener goroutine per *sql.DB until Close;
 		// pools shared by the whole package are closed at exit.
 		goleak.IgnoreTopFunction("database/sql.(*DB).connectionOpener"),

@@ -25,8 +25,11 @@ type Logical interface {
 	// when a concurrent caller created it first).
 	CreatePublication(ctx context.Context, e Executor, publication string) error
 	// CreateSlot creates the logical replication slot (plugin pgoutput),
-	// unless it exists.
-	CreateSlot(ctx context.Context, e Executor, slot string) error
+	// unless it exists. With failover (PostgreSQL 17 and later only) it is
+	// a failover slot: standbys that synchronize slots
+	// (sync_replication_slots) keep a copy of it, which a promoted standby
+	// streams from.
+	CreateSlot(ctx context.Context, e Executor, slot string, failover bool) error
 	// Drop drops the slot and the publication, where they exist. The slot
 	// must not be in use.
 	Drop(ctx context.Context, e Executor, publication, slot string) error
@@ -53,9 +56,13 @@ type Logical interface {
 	// from the outbox's id sequence: one 8-byte big-endian integer per
 	// message. It fails with ErrEmitUnavailable, writing nothing, where
 	// the server could not deliver them: before PostgreSQL 14, without
-	// wal_level logical, or with no logical replication slot in the
-	// database. When it fails, nothing of records stays in tx (several
-	// records are written under a savepoint).
+	// wal_level logical, or, with ErrEmitNoSlot too, with no logical
+	// replication slot ready to decode in the database. The slot is looked
+	// for by the statement that writes each record, in tx: never from an
+	// earlier check, which a failover to a standby without the slot would
+	// have made stale. When it fails, nothing of records stays in tx
+	// (several records are written under a savepoint), and tx stays usable
+	// after ErrEmitNoSlot.
 	Emit(ctx context.Context, tx Executor, records []EmitRecord) error
 	// WriteMessages writes messages the outbox without a table carried
 	// into the tables, under the ids they were emitted with, in one
@@ -81,9 +88,20 @@ type Logical interface {
 // publisher named the table.
 const EmitPrefix = "millbox:"
 
-// ErrEmitUnavailable is returned by Logical.Emit where the server could
-// not deliver what it would write; the error says what is missing.
-var ErrEmitUnavailable = errors.New("millbox: the outbox without a table is not available on this server")
+var (
+	// ErrEmitUnavailable is returned by Logical.Emit where the server
+	// could not deliver what it would write; the error says what is
+	// missing.
+	ErrEmitUnavailable = errors.New("millbox: the outbox without a table is not available on this server")
+	// ErrEmitNoSlot is returned by Logical.Emit, with ErrEmitUnavailable,
+	// where the database has no logical replication slot ready to decode
+	// at that moment: none was created yet, or the server is a standby
+	// promoted since the forwarder last read its slot (before PostgreSQL
+	// 17, a slot lives on one server only). Nothing was written and the
+	// transaction stays usable: the outbox Publisher writes the messages
+	// into the outbox table instead.
+	ErrEmitNoSlot = errors.New("millbox: no logical replication slot in the database")
+)
 
 // EmitRecord is one record of the outbox without a table for
 // Logical.Emit: its encoded messages, and how many ids to append.
@@ -127,6 +145,12 @@ type LogicalStatus struct {
 	TableOID uint32
 	// Publication and Slot tell whether they exist.
 	Publication, Slot bool
+	// SlotFailover tells that the slot is a failover slot (PostgreSQL 17
+	// and later), which standbys can keep a copy of.
+	SlotFailover bool
+	// Standbys is the number of physical standbys streaming from the
+	// server: replication connections that read no logical slot.
+	Standbys int
 }
 
 // SlotState is a replication slot as Logical.Slot reads it.

@@ -165,3 +165,22 @@ func TestDecodeRowBinary(t *testing.T) {
 		t.Fatalf("row = %+v", row)
 	}
 }
+
+func TestSlotLostErrorNamesTheLostRange(t *testing.T) {
+	err := error(&SlotLostError{Slot: "s", From: 0x3000100, To: 0x3000900, PreviousTimeline: 1, Timeline: 2})
+	if !errors.Is(err, ErrSlotLost) {
+		t.Fatal("errors.Is(err, ErrSlotLost) is false")
+	}
+	var sl *SlotLostError
+	if !errors.As(err, &sl) || sl.Bytes() != 0x800 {
+		t.Fatalf("Bytes = %d, want 2048", sl.Bytes())
+	}
+	for _, want := range []string{"0/3000100", "0/3000900", "2048 bytes", "timeline 2, was 1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	if (&SlotLostError{From: 9, To: 3}).Bytes() != 0 {
+		t.Error("a slot that starts before the confirmed position lost bytes")
+	}
+}

@@ -32,9 +32,10 @@
 // max_wal_senders; the role of Source.ConnString needs REPLICATION (ALTER
 // ROLE name REPLICATION). Setup creates the publication (inserts into
 // the outbox table) and the slot; Drop removes them;
-// Source.CreateIfMissing makes Run create them. Run reports a missing
-// setting, privilege, table, publication or slot at once, saying what to
-// change, and Ready returns the same error. Slot and publication names
+// Source.CreateIfMissing makes Run create them, also when the slot is
+// found gone later. Run reports a missing setting, privilege, table,
+// publication or slot at once, saying what to change, and Ready returns
+// the same error. Slot and publication names
 // are plain lower-case identifiers; anything else is refused. The outbox
 // table, the outbox Publisher, dead letters and their requeue are the same
 // as with polling: an application switches sources by changing
@@ -125,21 +126,94 @@
 //     message is delivered again. KeepForwarded writes delivered messages
 //     into the kept rows, as it keeps rows of the table.
 //
-// Messages in WAL that a dropped or invalidated slot no longer holds are
-// lost: there is no row to fall back on. Dropping the slot (Drop) while
-// publishers write without a table loses what it had not confirmed, and so
-// does a slot invalidated because it retained more than
-// max_slot_wal_keep_size. The guardrails: a publisher without a table
-// refuses to write (sqladapters.ErrEmitUnavailable) before PostgreSQL 14,
-// without wal_level logical, or where the database has no logical slot at
-// all; Run refuses to start without wal_level logical, and warns when
-// max_slot_wal_keep_size is unset (a slot left behind then fills the disk
-// instead). Set max_slot_wal_keep_size well above what the slot retains
+// Messages in WAL that a dropped, invalidated or lost slot no longer holds
+// are lost: there is no row to fall back on. Dropping the slot (Drop)
+// while publishers write without a table loses what it had not confirmed,
+// and so does a slot invalidated because it retained more than
+// max_slot_wal_keep_size, or a slot that stayed on a primary that died
+// (see Failover). The guardrails: a publisher without a table refuses to
+// write (sqladapters.ErrEmitUnavailable) before PostgreSQL 14 or without
+// wal_level logical; where the database has no logical slot ready to
+// decode at the moment of the call, it writes the call's messages into
+// the outbox table instead (the statement that would write them into the
+// WAL looks for the slot, in the caller's transaction, so that no message
+// commits into a WAL no slot reads); Run refuses to start without
+// wal_level logical, and warns when max_slot_wal_keep_size is unset (a
+// slot left behind then fills the disk instead) and where the server has
+// standbys but the slot would not survive a promotion. Set max_slot_wal_keep_size well above what the slot retains
 // while a forwarder catches up after its longest outage, alert on
 // MetricSlotLag (and MetricSlotAge) far below it, and never drop the slot
 // of an outbox whose publishers write without a table before they stopped
 // and the forwarder drained it. Publishers with a table lose nothing to an
 // invalidated slot: the next reader finds their rows in the table.
+//
+// # Failover
+//
+// A primary that dies and a standby promoted in its place (Patroni,
+// pg_auto_failover, a cloud service), or a planned switchover. Give the
+// forwarder, the publishers' pool and Source.ConnString a multi-host
+// connection string that asks for the server accepting writes, and run
+// synchronous replication, as sqladapters/postgres ("Failover") says: a
+// commit the application saw is then on the standby, and each pool finds
+// the new primary by itself. What each kind of publisher keeps:
+//
+//   - Outbox table: nothing committed is lost, without a restart. Before
+//     PostgreSQL 17 a slot lives on its server only, so the promoted
+//     standby has none (the publication, a catalog row, is there). With
+//     CreateIfMissing the forwarder creates the slot again as soon as it
+//     reaches the new primary, at any time, not only at start, and its
+//     new session reads every pending row from the table: the rows the
+//     lost slot had not confirmed are pending there, since only a
+//     published row is deleted. Rows may be published again (at least
+//     once); each key's order holds. Without CreateIfMissing the reader
+//     reports ErrNotSetUp, saying that the slot is gone, until it is
+//     created (Setup).
+//   - Without a table: the messages committed after the slot's last
+//     confirmed position, up to the promotion, were only in the WAL, which
+//     a slot created on the new primary cannot read: they are lost, as
+//     many as the forwarder was behind when the primary died: none while
+//     it keeps up (the benchmark's failover case counts them, as
+//     failover_wal_only_lost). Everything committed after the promotion
+//     is delivered:
+//     while no slot exists, publishers write into the table, and once the
+//     forwarder created its slot they write into the WAL again. That is
+//     what the outbox without a table trades for its lower cost (no row,
+//     index entry, delete or vacuum per message): on a failover without a
+//     slot that survives it, what the forwarder had not delivered yet.
+//     Where a failover must lose nothing, publish into the table.
+//   - Either way the reader reports the lost slot, loudly: a
+//     SlotLostError (errors.Is ErrSlotLost) logged as an error, passed to
+//     forwarder.Hooks.OnError and kept as forwarder.Status's last error,
+//     with the stretch of WAL the new slot cannot read (from the position
+//     this forwarder had confirmed to where the new slot starts, and its
+//     size) and the timelines before and after. It tells a slot lost from
+//     one it left by the server's timeline (IDENTIFY_SYSTEM), which a
+//     promotion moves on. A forwarder that restarted after the promotion
+//     no longer knows the old position: it warns when it creates the slot
+//     on a server whose timeline shows a promotion.
+//   - A message whose commit the application did not see succeed (the
+//     primary died during COMMIT) may or may not have committed, and may
+//     be delivered even when the new primary does not have it: the old
+//     primary decodes and streams a commit once it flushed it, before the
+//     synchronous standby confirmed it (PostgreSQL 17's
+//     synchronized_standby_slots, below, makes it wait).
+//
+// To keep the slot itself across a failover, PostgreSQL 17 and later
+// synchronize failover slots to standbys. The forwarder creates its slot
+// as a failover slot there (Setup and CreateIfMissing choose by the
+// server's version; turn an existing slot into one with
+// ALTER_REPLICATION_SLOT name (FAILOVER true) on a replication
+// connection). The standbys need sync_replication_slots = on,
+// hot_standby_feedback = on, a physical slot on the primary
+// (primary_slot_name) and a dbname in primary_conninfo; the primary needs
+// synchronized_standby_slots naming those physical slots, so that the
+// forwarder is never sent changes a standby has not received. The
+// promoted standby's copy of the slot may lag what the forwarder had
+// confirmed: what follows its position is delivered again (duplicates,
+// no loss), and the reader logs that the server was promoted and which
+// positions it reads from. Without those settings, Run warns at start
+// where the server streams to standbys. (The tests of this repository run
+// PostgreSQL 15: the failover slot is documented, not yet tested here.)
 //
 // # Operating the slot
 //
@@ -168,7 +242,12 @@
 // and fault suites on this source, and stream 50,000 messages from
 // concurrent, out-of-order commits, kill the active reader with SIGKILL,
 // and cover a poison key, a hanging call, a backlog at start, startup
-// errors and the gauges. The benchmark program's cdc case (go run
+// errors and the gauges. Their failover tests run a primary and a
+// synchronous standby of their own, kill the primary with SIGKILL (or stop
+// it, for a switchover) while publishers commit and the forwarder lags,
+// promote the standby and count what the application saw commit against
+// what arrived; the benchmark program's failover case (go run
+// ./integration/bench -case failover) measures the same at length. The benchmark program's cdc case (go run
 // ./integration/bench -case cdc) compares this source with polling, drain
 // and latency in one run; its README holds the results. examples/cdc runs
 // two instances, one streaming and one standing by, and takes the slot

@@ -37,7 +37,8 @@ type streamer struct {
 	confirmed atomic.Uint64 // the slot position the server is told
 	oldest    atomic.Int64  // commit time (unix ns) of the oldest unconfirmed transaction, 0 if none
 
-	sess *session // the loop's: the active session, nil while standing by
+	sess *session   // the loop's: the active session, nil while standing by
+	hist serverMark // the lead loop's: the server of the last session
 }
 
 // Prepare implements source.Source: the server settings, the role, the
@@ -69,10 +70,21 @@ func (s *streamer) Start(ctx context.Context, e source.Engine) (wait func()) {
 	}
 }
 
+// maxRetry bounds the wait of the lead loop after a failure: a server
+// that went away may come back, or a standby be promoted, at any moment,
+// and each try costs one statement.
+const maxRetry = time.Second
+
+// repeatLogEvery is how often the same failure of the lead loop is
+// logged again while it lasts: it is tried every second.
+const repeatLogEvery = 10 * time.Second
+
 // run leads when no other instance does, and stands by otherwise, until
 // ctx ends.
 func (s *streamer) run(ctx context.Context) {
 	backoff := retry.Backoff{Policy: retry.Operations}
+	var logged string // the failure last logged, and when
+	var loggedAt time.Time
 	for {
 		var delay time.Duration
 		err := s.lead(ctx)
@@ -81,11 +93,14 @@ func (s *streamer) run(ctx context.Context) {
 		}
 		if err != nil {
 			s.env.ReportError(err)
-			delay = backoff.Next(err)
-			s.env.Logger.Error("millbox cdc: reader stopped; trying again", err, watermill.LogFields{"retry_in": delay.String()})
+			delay = min(backoff.Next(err), maxRetry)
+			if msg := err.Error(); msg != logged || time.Since(loggedAt) >= repeatLogEvery {
+				s.env.Logger.Error("millbox cdc: reader stopped; trying again", err, watermill.LogFields{"retry_in": delay.String()})
+				logged, loggedAt = msg, time.Now()
+			}
 		} else {
 			backoff.Reset()
-			delay = s.cfg.StandbyRetry
+			delay, logged = s.cfg.StandbyRetry, ""
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -108,7 +123,11 @@ func (s *streamer) lead(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("millbox cdc: read slot: %w", err)
 	case !ok:
-		return fmt.Errorf("%w: slot %s does not exist", ErrNotSetUp, s.cfg.Slot)
+		// Dropped, or the server is a standby promoted since the last
+		// session: the new session reads the table's rows from the table.
+		if err := s.recreate(ctx); err != nil {
+			return err
+		}
 	case st.Active:
 		return nil
 	}
@@ -117,6 +136,10 @@ func (s *streamer) lead(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.Background())
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("millbox cdc: identify the server: %w", err)
+	}
 	s.setActive(true)
 	defer s.setActive(false)
 	s.env.Logger.Info("millbox cdc: active reader", watermill.LogFields{"slot": s.cfg.Slot})
@@ -133,6 +156,7 @@ func (s *streamer) lead(ctx context.Context) error {
 	if st, _, err = s.lg.Slot(ctx, s.env.DB, s.cfg.Slot); err != nil {
 		return fmt.Errorf("millbox cdc: read slot: %w", err)
 	}
+	s.noteServer(sys, st, !ok)
 	s.confirmed.Store(st.Confirmed)
 	start, keys, err := s.lg.PendingKeys(ctx, s.env.DB, s.env.DeadLetterHolds)
 	if err != nil {

@@ -61,8 +61,11 @@ type Source struct {
 	// decodes. Defaults to DefaultPublication.
 	Publication string
 	// CreateIfMissing makes Run create the publication and the slot (as
-	// Setup does) when they do not exist. Defaults to false: Run reports
-	// them missing.
+	// Setup does) when they do not exist: at start, and whenever the
+	// reader finds the slot gone later (dropped, or the server is a
+	// standby promoted since; see Failover in the package doc), after
+	// which it reads from the table what the lost slot had not confirmed.
+	// Defaults to false: Run reports them missing, and so does the reader.
 	CreateIfMissing bool
 	// StandbyRetry is how often a standby instance tries to become the
 	// active reader. Defaults to DefaultStandbyRetry.
@@ -161,7 +164,9 @@ func (s Source) Open(env source.Env) (source.Source, error) {
 // and the logical replication slot (plugin pgoutput) that src names, on
 // the database db, skipping what exists. The slot starts at the current
 // end of the WAL: rows already in the table are published through the
-// forwarder's polling path when it starts. Run it once per outbox, from a
+// forwarder's polling path when it starts. On PostgreSQL 17 and later it
+// is a failover slot, which standbys can keep (see Failover in the
+// package doc). Run it once per outbox, from a
 // role allowed to create publications (owner of the table) with
 // REPLICATION; or set Source.CreateIfMissing.
 //
@@ -176,15 +181,28 @@ func Setup(ctx context.Context, db sqladapters.Executor, d sqladapters.Dialect, 
 	if err != nil {
 		return err
 	}
-	return setup(ctx, db, lg, src)
+	st, err := lg.Check(ctx, db, src.Publication, src.Slot)
+	if err != nil {
+		return fmt.Errorf("millbox cdc: check the database: %w", err)
+	}
+	return setup(ctx, db, lg, src, st)
 }
 
-func setup(ctx context.Context, db sqladapters.Executor, lg sqladapters.Logical, src Source) error {
-	if err := lg.CreatePublication(ctx, db, src.Publication); err != nil {
-		return fmt.Errorf("millbox cdc: create publication %s: %w", src.Publication, err)
+// failoverSlots is the first server_version_num with failover slots.
+const failoverSlots = 170000
+
+// setup creates what st says is missing; the slot is a failover slot
+// where the server has them.
+func setup(ctx context.Context, db sqladapters.Executor, lg sqladapters.Logical, src Source, st sqladapters.LogicalStatus) error {
+	if !st.Publication {
+		if err := lg.CreatePublication(ctx, db, src.Publication); err != nil {
+			return fmt.Errorf("millbox cdc: create publication %s: %w", src.Publication, err)
+		}
 	}
-	if err := lg.CreateSlot(ctx, db, src.Slot); err != nil {
-		return fmt.Errorf("millbox cdc: create replication slot %s: %w", src.Slot, explain(err))
+	if !st.Slot {
+		if err := lg.CreateSlot(ctx, db, src.Slot, st.ServerVersion >= failoverSlots); err != nil {
+			return fmt.Errorf("millbox cdc: create replication slot %s: %w", src.Slot, explain(err))
+		}
 	}
 	return nil
 }
@@ -216,6 +234,15 @@ func preflight(ctx context.Context, env source.Env, lg sqladapters.Logical, src 
 	if err := checkStatus(ctx, env, lg, src, st); err != nil {
 		return st, err
 	}
+	failover := st.SlotFailover || (!st.Slot && st.ServerVersion >= failoverSlots)
+	if st.Standbys > 0 && !failover && !src.TableOnly {
+		env.Logger.Info("millbox cdc: warning: the server streams to standbys, and the slot does not survive a promotion "+
+			"(before PostgreSQL 17 a slot lives on its server only; from 17 on, only a failover slot, which standbys with sync_replication_slots keep, does): "+
+			"on a failover, messages of publishers without a table that the slot had not confirmed are lost, and the forwarder reports their range. "+
+			"Rows of the outbox table are not: the forwarder creates the slot again (cdc.Source.CreateIfMissing) and reads them from the table. "+
+			"See Failover in the forwarder/cdc package doc",
+			watermill.LogFields{"slot": src.Slot, "standbys": st.Standbys, "server_version_num": st.ServerVersion})
+	}
 	switch {
 	case st.MaxSlotWALKeepSize < 0:
 		env.Logger.Info("millbox cdc: warning: max_slot_wal_keep_size is unset, so the slot retains WAL without bound: "+
@@ -245,7 +272,7 @@ func checkStatus(ctx context.Context, env source.Env, lg sqladapters.Logical, sr
 		return fmt.Errorf("%w: publication %s exists: %v, slot %s exists: %v; create them with cdc.Setup, or set cdc.Source.CreateIfMissing",
 			ErrNotSetUp, src.Publication, st.Publication, src.Slot, st.Slot)
 	case !st.Publication || !st.Slot:
-		return setup(ctx, env.DB, lg, src)
+		return setup(ctx, env.DB, lg, src, st)
 	}
 	return nil
 }

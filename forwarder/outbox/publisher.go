@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strings"
@@ -104,13 +105,18 @@ type PublisherConfig struct {
 	// Publishers with and without a table may share one outbox and one
 	// forwarder; a key keeps its order across both.
 	//
-	// It needs PostgreSQL 14 or later with wal_level logical, and a
-	// forwarder with the cdc source on the outbox: Publish refuses, writing
-	// nothing, where no logical replication slot exists in the database
-	// (sqladapters.ErrEmitUnavailable). Messages are held only by the WAL
-	// until the slot confirms them: a slot dropped or invalidated
-	// (max_slot_wal_keep_size) before it did loses them, which a table
-	// would not; see forwarder/cdc's documentation for the guardrails.
+	// It needs PostgreSQL 14 or later with wal_level logical (Publish
+	// refuses elsewhere, writing nothing: sqladapters.ErrEmitUnavailable),
+	// and a forwarder with the cdc source on the outbox. Where no logical
+	// replication slot exists in the database at the moment of the call
+	// (none was created yet, or a standby was promoted and the forwarder
+	// has not created its slot there yet), no forwarder could read the
+	// messages: Publish writes them into the outbox table instead, in the
+	// same transaction, and the forwarder reads them from there. Messages
+	// are held only by the WAL until the slot confirms them: a slot
+	// dropped, invalidated (max_slot_wal_keep_size) or lost with its
+	// server before it did loses them, which a table would not; see
+	// forwarder/cdc's documentation for the guardrails.
 	// Messages are at most MaxMessageBytesWithoutTable. Delayed messages
 	// are written into the outbox's table of scheduled messages, which
 	// must exist, and reach the forwarder as rows of the outbox once due.
@@ -270,11 +276,19 @@ func (p *Publisher) publish(ctx context.Context, tx sqladapters.Tx, topic string
 		}
 	}
 	table := p.cfg.Dialect.OutboxTable()
-	if p.cfg.WithoutTable {
-		if err := p.emit(ctx, tx, rows, scheduled); err != nil {
+	inTable := !p.cfg.WithoutTable
+	if !inTable {
+		err := p.emit(ctx, tx, rows, scheduled)
+		switch {
+		case errors.Is(err, sqladapters.ErrEmitNoSlot):
+			// No slot could read them now, and nothing was written: the
+			// table keeps them until a forwarder reads it.
+			inTable = true
+		case err != nil:
 			return err
 		}
-	} else {
+	}
+	if inTable {
 		if err := p.cfg.Dialect.InsertOutbox(ctx, tx, rows); err != nil {
 			return fmt.Errorf("millbox: write %d message(s) to the outbox: %w", len(msgs), err)
 		}

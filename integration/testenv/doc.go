@@ -11,5 +11,9 @@
 // SQLite needs none either: SQLitePath and SQLite open a file in the
 // test's temporary directory. StartNATSServer and StartRedisServer run a
 // server of the test's own, on a port of its own, for tests that stop and
-// restart it.
+// restart it. StartPostgresPair runs a PostgreSQL primary and a
+// synchronous streaming standby of the test's own, for failover tests
+// (PostgreSQL's server binaries: MILLBOX_PG_BIN, else the newest
+// /usr/lib/postgresql/<version>/bin; run as the postgres OS user when the
+// tests run as root).
 package testenv

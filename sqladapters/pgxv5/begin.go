@@ -31,7 +31,7 @@ func (d *DB) BeginExec(ctx context.Context, opts sql.TxOptions, query string, ar
 	// The transaction exists from here on; with a pool it holds the
 	// connection until it is committed or rolled back, also when the
 	// batch failed.
-	tx := WrapTx(br.Tx())
+	tx := d.wrapTx(br.Tx(), opts.ReadOnly)
 	_, err = br.Exec() // BEGIN
 	var n int64
 	if err == nil {
@@ -40,7 +40,7 @@ func (d *DB) BeginExec(ctx context.Context, opts sql.TxOptions, query string, ar
 	}
 	if err = cmp.Or(err, br.Close()); err != nil {
 		sqladapters.Rollback(tx)
-		return nil, 0, mapErr(err)
+		return nil, 0, d.check(err)
 	}
 	return tx, n, nil
 }

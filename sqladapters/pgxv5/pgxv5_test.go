@@ -3,7 +3,11 @@ package pgxv5
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,5 +44,30 @@ func TestPreparedStatementErrorsNameTheExecMode(t *testing.T) {
 	}
 	if err := mapErr(&pgconn.PgError{Code: "23505"}); strings.Contains(err.Error(), "default_query_exec_mode") {
 		t.Fatalf("hint on an unrelated error: %v", err)
+	}
+}
+
+func TestDropsConnection(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Code: "25006"}, true}, // read_only_sql_transaction
+		{fmt.Errorf("write: %w", &pgconn.PgError{Code: "57P01"}), true},
+		{&pgconn.PgError{Code: "57P02"}, true},
+		{&pgconn.PgError{Code: "57P03"}, true},
+		{&pgconn.PgError{Code: "08006"}, true},
+		{io.ErrUnexpectedEOF, true},
+		{&net.OpError{Op: "read", Err: syscall.ECONNRESET}, true},
+		{&pgconn.PgError{Code: "23505"}, false},
+		{&pgconn.PgError{Code: "40001"}, false},
+		{&pgconn.ConnectError{Config: &pgconn.Config{}}, false},
+		{context.DeadlineExceeded, false},
+		{fmt.Errorf("%w: %w", context.Canceled, &net.OpError{Op: "read"}), false},
+		{nil, false},
+	} {
+		if got := DropsConnection(c.err); got != c.want {
+			t.Errorf("DropsConnection(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }

@@ -100,6 +100,89 @@
 // reported while every message still arrives, a ListenOn listener reports
 // nothing, and afterwards no server connection listens.
 //
+// # Failover
+//
+// A primary that dies and a standby promoted in its place lose nothing
+// that committed, with two settings of the user's.
+//
+// Synchronous replication. With synchronous_standby_names set on the
+// primary (for example 'ANY 1 (standby1, standby2)') and synchronous_commit
+// on (the default) or remote_apply, a commit returns only once a standby
+// has flushed it: every message, and every inbox record, that the
+// application saw commit is on the standby that takes over. With
+// asynchronous replication the last commits the application saw may be
+// missing on the promoted standby, and no outbox can bring them back.
+//
+// A connection string that finds the primary. Give every pool, the
+// application's, the forwarder's and the change-data-capture reader's
+// (cdc.Source.ConnString), every server and ask for the one that accepts
+// writes; pgx (sqladapters/pgxv5, and database/sql with pgx's stdlib)
+// reads both forms:
+//
+//	postgres://app@db1:5432,db2:5432/app?target_session_attrs=read-write&connect_timeout=5
+//	host=db1,db2 port=5432,5432 dbname=app user=app target_session_attrs=read-write connect_timeout=5
+//
+// A new connection tries the servers in order and keeps the first that
+// accepts writes; connect_timeout bounds the wait for one that does not
+// answer. A name the failover manager moves (DNS, a virtual IP, a proxy)
+// works too: keep target_session_attrs=read-write there as well, so that a
+// connection that still reaches the old server, demoted, is refused. pgx
+// checks it only when it opens a connection: a pool keeps its connections
+// to a primary that died or became read-only. pgxv5.WrapPool and
+// stdsql.WrapDB therefore drop the connections that fail with a server
+// that went away or that refused a write as read-only (SQLSTATE 25006),
+// and the next statements connect afresh (pgxv5.DropsConnection,
+// stdsql.DropsConnection; begin the application's transactions through
+// the same DB, or reset its pool on those errors).
+//
+// What each part keeps, without a restart:
+//
+//   - The outbox publisher: a transaction that committed on the old
+//     primary is on the new one with its messages. One whose COMMIT
+//     failed with the connection may or may not have committed. Change
+//     data capture may even deliver its messages when the new primary
+//     does not have them: logical decoding streams a commit once the old
+//     primary flushed it, before the standby confirmed it (other sessions,
+//     and so the polling source, see it only after).
+//   - Polling (forwarder.Polling): at least once, each key in order. Reads,
+//     lease renewals and deletes that fail are retried; once a pool
+//     reaches the new primary the forwarder resumes where the outbox
+//     stands there: rows it published whose delete was lost are published
+//     again. Leases are rows of the outbox's tables and came over with
+//     them: the instance renews its own, and a partition of an instance
+//     that died moves after forwarder.Polling.LeaseTTL.
+//   - Change data capture with the outbox table (forwarder/cdc): at least
+//     once, each key in order. Before PostgreSQL 17 the promoted standby
+//     has no replication slot; with cdc.Source.CreateIfMissing the
+//     forwarder creates it there and reads every row the lost slot had
+//     not confirmed from the table, and reports the lost slot
+//     (cdc.SlotLostError).
+//   - The outbox without a table (forwarder.PublisherConfig.WithoutTable):
+//     messages committed after the lost slot's confirmed position were
+//     only in the WAL and are lost; the forwarder reports the stretch of
+//     WAL. Publishers never commit a message no slot could read: while the
+//     promoted standby has no slot, they write into the table. PostgreSQL
+//     17's failover slots keep the slot across a promotion; forwarder/cdc
+//     ("Failover") lists the settings.
+//   - The inbox (package middleware): a handler's transaction that
+//     committed on the old primary is on the new one with its inbox
+//     record, so the message the broker redelivers (its ack was lost with
+//     the failover) is recognized and the handler does not run again.
+//
+// A switchover (the old primary stopped cleanly, the standby promoted once
+// it replayed everything) is a failover without the uncertain commits.
+//
+// The integration tests run a primary and a synchronous standby of their
+// own (PostgreSQL's server binaries: MILLBOX_PG_BIN, else Debian's
+// /usr/lib/postgresql/<version>/bin): they kill the primary with SIGKILL,
+// or stop it cleanly, while publishers commit through a multi-host URL,
+// promote the standby, and check that every message the application saw
+// commit arrives, in each key's order, from a forwarder that never
+// restarted (polling on pgx and database/sql, change data capture, the
+// outbox without a table), with a primary fenced read-only too, and the
+// inbox across a failover. The benchmark program's failover case measures
+// the time from the promotion to the first delivery from the new primary.
+//
 // # Autovacuum
 //
 // The outbox is a queue: rows are inserted, read once and deleted. The

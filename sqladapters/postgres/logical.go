@@ -18,7 +18,10 @@ var _ sqlstore.Logical = (*sqlDialect)(nil)
 const markColumns = `SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::text AS lsn,
 	pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin`
 
-// LogicalCheck reads what the source needs in one statement.
+// LogicalCheck reads what the source needs in one statement. The slot's
+// failover column exists from PostgreSQL 17 on: read through its row as
+// JSON, it is NULL before. A physical standby is a walsender that streams
+// no logical slot.
 func (d *sqlDialect) LogicalCheck(publication, slot string) sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `SELECT current_setting('wal_level'), current_user::text,
@@ -27,7 +30,10 @@ func (d *sqlDialect) LogicalCheck(publication, slot string) sqladapters.Query {
 	EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $2),
 	EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $3),
 	current_setting('server_version_num')::int,
-	(SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size')`,
+	(SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'),
+	coalesce((SELECT (to_jsonb(s)->>'failover')::boolean FROM pg_replication_slots s WHERE slot_name = $3), false),
+	(SELECT count(*) FROM pg_stat_replication r
+		WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical'))::int`,
 		Args: []any{d.outbox, publication, slot},
 	}
 }
@@ -53,8 +59,13 @@ func (d *sqlDialect) SlotExists(slot string) sqladapters.Query {
 	return sqladapters.Query{SQL: `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, Args: []any{slot}}
 }
 
-// CreateSlot creates a logical slot decoded by pgoutput.
-func (d *sqlDialect) CreateSlot(slot string) sqladapters.Query {
+// CreateSlot creates a logical slot decoded by pgoutput; with failover
+// (PostgreSQL 17 and later), a failover slot that standbys synchronize.
+func (d *sqlDialect) CreateSlot(slot string, failover bool) sqladapters.Query {
+	if failover {
+		// slot_name, plugin, temporary, twophase, failover
+		return sqladapters.Query{SQL: `SELECT 1 FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`, Args: []any{slot}}
+	}
 	return sqladapters.Query{SQL: `SELECT 1 FROM pg_create_logical_replication_slot($1, 'pgoutput')`, Args: []any{slot}}
 }
 
@@ -130,24 +141,32 @@ SELECT s.xmin, c.id FROM s LEFT JOIN c ON true`,
 	}
 }
 
-// EmitCheck reads whether a replication slot can deliver the outbox's
-// logical decoding messages (PostgreSQL 14 or later for pgoutput's
-// messages option, wal_level logical, a logical slot in the database),
-// their prefix, which names the outbox by its oid (the cast resolves the
-// name as every statement of the dialect does), and the outbox's id
-// sequence. Without those conditions the messages would be lost.
+// EmitCheck reads whether the server can deliver the outbox's logical
+// decoding messages (PostgreSQL 14 or later for pgoutput's messages
+// option, wal_level logical), their prefix, which names the outbox by its
+// oid (the cast resolves the name as every statement of the dialect does),
+// and the outbox's id sequence. Whether a slot exists is EmitRecord's.
 func (d *sqlDialect) EmitCheck() sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `SELECT current_setting('wal_level'), current_setting('server_version_num')::int,
-	EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_type = 'logical' AND database = current_database()),
 	'` + sqladapters.EmitPrefix + `' || to_regclass($1)::oid::text, pg_get_serial_sequence($1, 'id')`,
 		Args: []any{d.outbox},
 	}
 }
 
+// emitSlot is true where a logical slot of the database can decode what
+// commits from now on: its creation has finished (a slot being created
+// has no confirmed position yet, and does not decode transactions already
+// running) and it has not lost WAL it needs.
+const emitSlot = `EXISTS (SELECT 1 FROM pg_replication_slots
+	WHERE slot_type = 'logical' AND database = current_database()
+		AND confirmed_flush_lsn IS NOT NULL AND wal_status IS DISTINCT FROM 'lost')`
+
 // EmitRecord writes r as a transactional logical decoding message of
 // prefix with the ids of its messages appended: drawn from sequence in
-// order, each as 8 bytes big-endian (int8send).
+// order, each as 8 bytes big-endian (int8send); only where emitSlot holds,
+// which it reads as it writes, in the caller's transaction: a row when it
+// wrote r, none when it did not (and drew no id).
 func (d *sqlDialect) EmitRecord(prefix, sequence string, r sqladapters.EmitRecord) sqladapters.Query {
 	ids := `(SELECT string_agg(int8send(nextval($3::regclass)), ''::bytea ORDER BY g) FROM generate_series(1, $4::int) g)`
 	args := []any{prefix, r.Content, sequence, r.Messages}
@@ -155,7 +174,7 @@ func (d *sqlDialect) EmitRecord(prefix, sequence string, r sqladapters.EmitRecor
 		ids, args = `int8send(nextval($3::regclass))`, args[:3]
 	}
 	return sqladapters.Query{
-		SQL:  `SELECT pg_logical_emit_message(true, $1::text, $2::bytea || ` + ids + `)`,
+		SQL:  `SELECT pg_logical_emit_message(true, $1::text, $2::bytea || ` + ids + `) WHERE ` + emitSlot,
 		Args: args,
 	}
 }

@@ -292,8 +292,9 @@ const moveAttempts = 5
 type Logical interface {
 	// LogicalCheck selects one row: wal_level, the current role, whether
 	// it may replicate, the outbox table's oid (0 when missing), whether
-	// the publication and slot exist, server_version_num and
-	// max_slot_wal_keep_size in megabytes (-1 when unset).
+	// the publication and slot exist, server_version_num,
+	// max_slot_wal_keep_size in megabytes (-1 when unset), whether the
+	// slot is a failover slot and the number of physical standbys.
 	LogicalCheck(publication, slot string) sqladapters.Query
 	// PublicationExists selects whether the publication exists.
 	PublicationExists(publication string) sqladapters.Query
@@ -301,8 +302,9 @@ type Logical interface {
 	CreatePublication(publication string) sqladapters.Query
 	// SlotExists selects whether the slot exists.
 	SlotExists(slot string) sqladapters.Query
-	// CreateSlot creates the slot; it returns rows.
-	CreateSlot(slot string) sqladapters.Query
+	// CreateSlot creates the slot, a failover slot with failover; it
+	// returns rows.
+	CreateSlot(slot string, failover bool) sqladapters.Query
 	// DropSlot drops the slot where it exists; it returns rows.
 	DropSlot(slot string) sqladapters.Query
 	// DropPublication drops the publication where it exists.
@@ -321,12 +323,14 @@ type Logical interface {
 	// letters that hold those keys among them, with true last; one row of
 	// NULL row columns when none matches.
 	ReadKeys(keys []string, unkeyed bool, limit int, holds bool) sqladapters.Query
-	// EmitCheck selects one row: wal_level, server_version_num, whether a
-	// logical slot exists in the database, the prefix of the outbox's
-	// logical decoding messages and the name of its id sequence.
+	// EmitCheck selects one row: wal_level, server_version_num, the
+	// prefix of the outbox's logical decoding messages and the name of its
+	// id sequence.
 	EmitCheck() sqladapters.Query
 	// EmitRecord writes r, with its messages' ids drawn from sequence and
-	// appended, as a transactional logical decoding message of prefix.
+	// appended, as a transactional logical decoding message of prefix,
+	// only where a logical slot of the database is ready to decode it: it
+	// selects one row when it wrote r, none when no such slot exists.
 	EmitRecord(prefix, sequence string, r sqladapters.EmitRecord) sqladapters.Query
 	// WriteMessages returns the statements writing ms into the tables
 	// (see sqladapters.Logical.WriteMessages); the last selects the

@@ -25,7 +25,8 @@ func (l *logicalStore) Check(ctx context.Context, e sqladapters.Executor, public
 	var st sqladapters.LogicalStatus
 	err := l.s.query(ctx, e, l.b.LogicalCheck(publication, slot), func(r sqladapters.Rows) error {
 		var oid int64
-		if err := r.Scan(&st.WalLevel, &st.Role, &st.Replication, &oid, &st.Publication, &st.Slot, &st.ServerVersion, &st.MaxSlotWALKeepSize); err != nil {
+		if err := r.Scan(&st.WalLevel, &st.Role, &st.Replication, &oid, &st.Publication, &st.Slot, &st.ServerVersion, &st.MaxSlotWALKeepSize,
+			&st.SlotFailover, &st.Standbys); err != nil {
 			return err
 		}
 		st.TableOID = uint32(oid)
@@ -47,12 +48,12 @@ func (l *logicalStore) CreatePublication(ctx context.Context, e sqladapters.Exec
 }
 
 // CreateSlot implements sqladapters.Logical.
-func (l *logicalStore) CreateSlot(ctx context.Context, e sqladapters.Executor, slot string) error {
+func (l *logicalStore) CreateSlot(ctx context.Context, e sqladapters.Executor, slot string, failover bool) error {
 	exists, err := l.exists(ctx, e, l.b.SlotExists(slot))
 	if err != nil || exists {
 		return err
 	}
-	if err := l.s.query(ctx, e, l.b.CreateSlot(slot), func(sqladapters.Rows) error { return nil }); err != nil && !l.b.IsDuplicateObject(err) {
+	if err := l.s.query(ctx, e, l.b.CreateSlot(slot, failover), func(sqladapters.Rows) error { return nil }); err != nil && !l.b.IsDuplicateObject(err) {
 		return err
 	}
 	return nil
@@ -152,9 +153,11 @@ func (l *logicalStore) ReadKeys(ctx context.Context, e sqladapters.Executor, key
 	return mark, rows, err
 }
 
-// EmitCheckInterval is how long a check that the server can deliver the
-// outbox without a table holds: a publisher writing without a table checks
-// at most this often, so that it costs one statement per call.
+// EmitCheckInterval is how long a check of what the outbox without a
+// table writes with (its prefix and id sequence, the server's version and
+// wal_level) holds: a publisher writing without a table checks at most
+// this often, so that it costs one statement per call. Whether a slot can
+// read the messages is never cached: the statement writing them looks.
 const EmitCheckInterval = 10 * time.Second
 
 // emitTarget is the prefix and sequence the outbox without a table writes
@@ -164,8 +167,17 @@ type emitTarget struct {
 	checked          time.Time
 }
 
-// Emit implements sqladapters.Logical. Several records are written under a
-// savepoint, so that a failure of a later one takes the earlier ones back.
+// errNoSlot is Emit's error where no logical slot can read the records.
+var errNoSlot = fmt.Errorf("%w: %w: no forwarder could read the messages; nothing was written (the outbox Publisher writes them into the table instead; "+
+	"create the forwarder's slot with cdc.Setup, or set cdc.Source.CreateIfMissing and start it)",
+	sqladapters.ErrEmitUnavailable, sqladapters.ErrEmitNoSlot)
+
+// Emit implements sqladapters.Logical. Each record's statement writes it
+// only where a logical slot can read it, so that no record commits that
+// none could (a stale check would let it, after a failover to a standby
+// without the slot). Several records are written under a savepoint, so
+// that a failure of a later one, or a slot gone between two of them,
+// takes the earlier ones back.
 func (l *logicalStore) Emit(ctx context.Context, tx sqladapters.Executor, records []sqladapters.EmitRecord) error {
 	if len(records) == 0 {
 		return nil
@@ -175,8 +187,14 @@ func (l *logicalStore) Emit(ctx context.Context, tx sqladapters.Executor, record
 		return err
 	}
 	emit := func(r sqladapters.EmitRecord) error {
-		_, err := l.s.exec(ctx, tx, l.b.EmitRecord(t.prefix, t.sequence, r))
-		return err
+		var wrote bool
+		if err := l.s.query(ctx, tx, l.b.EmitRecord(t.prefix, t.sequence, r), func(sqladapters.Rows) error { wrote = true; return nil }); err != nil {
+			return err
+		}
+		if !wrote {
+			return errNoSlot
+		}
+		return nil
 	}
 	set, rollback, release, ok := l.s.b.Savepoint()
 	if len(records) == 1 || !ok {
@@ -209,13 +227,12 @@ func (l *logicalStore) emitTarget(ctx context.Context, tx sqladapters.Executor) 
 	var (
 		walLevel         string
 		version          int
-		slot             bool
 		prefix, sequence sql.NullString
 		seen             bool
 	)
 	err := l.s.query(ctx, tx, l.b.EmitCheck(), func(r sqladapters.Rows) error {
 		seen = true
-		return r.Scan(&walLevel, &version, &slot, &prefix, &sequence)
+		return r.Scan(&walLevel, &version, &prefix, &sequence)
 	})
 	switch {
 	case err != nil:
@@ -230,10 +247,6 @@ func (l *logicalStore) emitTarget(ctx context.Context, tx sqladapters.Executor) 
 	case walLevel != "logical":
 		return nil, fmt.Errorf("%w: wal_level is %q, not logical: no replication slot could read the messages; nothing was written (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)",
 			sqladapters.ErrEmitUnavailable, walLevel)
-	case !slot:
-		l.s.emit.Store(nil)
-		return nil, fmt.Errorf("%w: the database has no logical replication slot, so no forwarder could read the messages; nothing was written (create the forwarder's slot with cdc.Setup, or set cdc.Source.CreateIfMissing and start it once)",
-			sqladapters.ErrEmitUnavailable)
 	}
 	t := &emitTarget{prefix: prefix.String, sequence: sequence.String, checked: time.Now()}
 	l.s.emit.Store(t)

@@ -79,7 +79,7 @@ func testLogicalSetupAndDrop(e *env) {
 	e.t.Cleanup(func() { _ = lg.Drop(context.Background(), e.db, name, name) })
 	for range 2 {
 		e.check(lg.CreatePublication(e.ctx, e.db, name), "CreatePublication")
-		e.check(lg.CreateSlot(e.ctx, e.db, name), "CreateSlot")
+		e.check(lg.CreateSlot(e.ctx, e.db, name, false), "CreateSlot")
 	}
 	st, err = lg.Check(e.ctx, e.db, name, name)
 	e.check(err, "Check")
@@ -259,7 +259,7 @@ func testLogicalEmit(e *env) {
 	name := slotName()
 	e.t.Cleanup(func() { _ = lg.Drop(context.Background(), e.db, name, name) })
 	e.check(lg.CreatePublication(e.ctx, e.db, name), "CreatePublication")
-	e.check(lg.CreateSlot(e.ctx, e.db, name), "CreateSlot")
+	e.check(lg.CreateSlot(e.ctx, e.db, name, false), "CreateSlot")
 	emit := func(commit bool, records ...sqladapters.EmitRecord) {
 		e.t.Helper()
 		tx, err := e.db.Begin(e.ctx, sql.TxOptions{})
