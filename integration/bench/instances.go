@@ -55,11 +55,10 @@ const (
 // of a shared machine; the ratio is the median of the rounds'.
 //
 // Every process's CPU (user+sys from its rusage), that of the forwarders'
-// Postgres backends, the whole Postgres server's and the machine's idle
-// share are printed, so that a ratio can be read against the CPU one
-// instance leaves unused. Each forwarder's first published row and its
-// rows per second show how soon every instance starts and how evenly it
-// goes.
+// Postgres backends and the machine's idle share are printed, so that a
+// ratio can be read against the CPU one instance leaves unused. Each
+// forwarder's first published row and its rows per second show how soon
+// every instance starts and how evenly it goes.
 //
 // MILLBOX_BENCH_INSTANCES_PUBLISHER=kafkabatch uses millbox's kafkabatch
 // publisher instead of watermill-kafka's; MILLBOX_BENCH_INSTANCES_DEBUG=1
@@ -121,7 +120,6 @@ type instResult struct {
 	procs    []instProc
 	broker   time.Duration // the broker process's CPU during the drain
 	backends time.Duration // the forwarders' Postgres backends' CPU
-	postgres time.Duration // every postgres process's, other databases' load included
 	idle     float64       // the machine's idle share during the drain
 }
 
@@ -140,9 +138,9 @@ func (r instResult) print(round, k int) {
 	for _, p := range r.procs {
 		fwd += p.cpu
 	}
-	fmt.Printf("round %d, %d instance(s): %.0f msg/s (%v); CPU: forwarders %.2fs, their Postgres backends %.2fs (%.1f µs per row together), broker %.2fs, all of Postgres %.2fs; machine idle %.0f%%\n",
+	fmt.Printf("round %d, %d instance(s): %.0f msg/s (%v); CPU: forwarders %.2fs, their Postgres backends %.2fs (%.1f µs per row together), broker %.2fs; machine idle %.0f%%\n",
 		round, k, r.rate, r.elapsed.Round(time.Millisecond), fwd.Seconds(), r.backends.Seconds(), float64((fwd+r.backends).Microseconds())/float64(r.rows),
-		r.broker.Seconds(), r.postgres.Seconds(), 100*r.idle)
+		r.broker.Seconds(), 100*r.idle)
 	for i, p := range r.procs {
 		ps := make([]string, len(p.perSecond))
 		for j, v := range p.perSecond {
@@ -182,7 +180,6 @@ func instDrain(ctx context.Context, o options, broker *instBroker, n, k int, pub
 		return instResult{}, err
 	}
 	brokerStart, _ := procTicks(broker.cmd.Process.Pid)
-	pgStart, _ := postgresTicks()
 	idleStart, totalStart := machineTicks()
 	start := time.Now()
 	children := make([]*instChild, k)
@@ -235,7 +232,6 @@ func instDrain(ctx context.Context, o options, broker *instBroker, n, k int, pub
 		return instResult{}, err
 	}
 	brokerEnd, _ := procTicks(broker.cmd.Process.Pid)
-	pgEnd, _ := postgresTicks()
 	idleEnd, totalEnd := machineTicks()
 	res := instResult{
 		rate:     float64(n) / elapsed.Seconds(),
@@ -243,7 +239,6 @@ func instDrain(ctx context.Context, o options, broker *instBroker, n, k int, pub
 		elapsed:  elapsed,
 		backends: time.Duration(backendTicks) * 10 * time.Millisecond,
 		broker:   time.Duration(brokerEnd-brokerStart) * 10 * time.Millisecond,
-		postgres: time.Duration(pgEnd-pgStart) * 10 * time.Millisecond,
 	}
 	if totalEnd > totalStart {
 		res.idle = float64(idleEnd-idleStart) / float64(totalEnd-totalStart)
