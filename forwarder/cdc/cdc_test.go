@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
-
 	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/mysql"
@@ -79,90 +77,6 @@ func TestPrecedesWraps(t *testing.T) {
 		if got := precedes(tc.a, tc.b); got != tc.want {
 			t.Errorf("precedes(%d, %d) = %v", tc.a, tc.b, got)
 		}
-	}
-}
-
-func tuple(cols ...*pglogrepl.TupleDataColumn) *pglogrepl.TupleData {
-	return &pglogrepl.TupleData{ColumnNum: uint16(len(cols)), Columns: cols}
-}
-
-func text(s string) *pglogrepl.TupleDataColumn {
-	return &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Length: uint32(len(s)), Data: []byte(s)}
-}
-
-func null() *pglogrepl.TupleDataColumn {
-	return &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull}
-}
-
-// outboxRelation is the relation message of the outbox's columns.
-func outboxRelation(t *testing.T) *relation {
-	r := &reader{oid: 16384}
-	var cols []*pglogrepl.RelationMessageColumn
-	for _, n := range []string{"id", "topic", "uuid", "payload", "metadata", "key", "key_hash", "created_at", "attempts", "last_error", "next_attempt_at", "dead_at", "published_at", "error_fp", "requeued_at"} {
-		cols = append(cols, &pglogrepl.RelationMessageColumn{Name: n})
-	}
-	if other := r.relation(&pglogrepl.RelationMessage{RelationID: 16385, RelationName: "millbox_outbox", Columns: cols}); other.ours {
-		t.Fatal("a table of the same name under another oid is taken for the outbox")
-	}
-	rel := r.relation(&pglogrepl.RelationMessage{RelationID: 16384, RelationName: "millbox_outbox", Columns: cols})
-	if !rel.ours {
-		t.Fatal("the outbox relation is not recognized")
-	}
-	return rel
-}
-
-func TestDecodeRow(t *testing.T) {
-	rel := outboxRelation(t)
-	row, err := decodeRow(rel, tuple(text("42"), text("orders"), text("u-1"), text(`\x00ff41`), text(`{"a": "b"}`),
-		text("k1"), text("7"), text("2026-01-01"), text("0"), null(), text("2026-01-01"), null(), null()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if row.ID != 42 || row.Topic != "orders" || row.UUID != "u-1" || string(row.Payload) != "\x00\xffA" ||
-		string(row.Metadata) != `{"a": "b"}` || row.Key != "k1" || !row.keyed {
-		t.Fatalf("row = %+v", row)
-	}
-	row, err = decodeRow(rel, tuple(text("43"), text("t"), text("u-2"), text(`\x`), text(`{}`),
-		null(), text("7"), text("x"), text("0"), null(), text("x"), null(), null()))
-	if err != nil || row.keyed || len(row.Payload) != 0 {
-		t.Fatalf("unkeyed row = %+v, %v", row, err)
-	}
-	if _, err := decodeRow(rel, tuple(text("44"), text("t"), text("u"), text(`zz`))); err == nil {
-		t.Fatal("a payload that is not hex bytea was accepted")
-	}
-}
-
-func TestDecodeRequeue(t *testing.T) {
-	rel := outboxRelation(t)
-	insert := func(key, attempts, requeued *pglogrepl.TupleDataColumn) *pglogrepl.TupleData {
-		return tuple(text("9"), text("t"), text("u"), text(`\x41`), text("{}"), key, text("1"), text("x"), attempts, text("err"), text("x"),
-			null(), null(), text(`\x00`), requeued)
-	}
-	row, err := decodeRow(rel, insert(text("k"), text("0"), text("2026-01-01")))
-	if err != nil || !row.requeued || row.ID != 9 || row.Key != "k" || !row.keyed {
-		t.Fatalf("requeued row = %+v, %v", row, err)
-	}
-	row, err = decodeRow(rel, insert(text("k"), text("0"), null()))
-	if err != nil || row.requeued {
-		t.Fatalf("a new row taken for a requeue: %+v, %v", row, err)
-	}
-}
-
-func bin(b ...byte) *pglogrepl.TupleDataColumn {
-	return &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeBinary, Length: uint32(len(b)), Data: b}
-}
-
-func TestDecodeRowBinary(t *testing.T) {
-	rel := outboxRelation(t)
-	row, err := decodeRow(rel, tuple(bin(0, 0, 0, 0, 0, 0, 1, 0), bin([]byte("orders")...), bin([]byte("u-1")...),
-		bin(0, 0xff, 'A'), bin(append([]byte{1}, `{"a": "b"}`...)...), bin([]byte("k1")...), bin(0, 0, 0, 7),
-		bin(0), bin(0, 0, 0, 2), null(), bin(0), null(), null()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if row.ID != 256 || row.Topic != "orders" || row.UUID != "u-1" || string(row.Payload) != "\x00\xffA" ||
-		string(row.Metadata) != `{"a": "b"}` || row.Key != "k1" || !row.keyed || row.Attempts != 2 {
-		t.Fatalf("row = %+v", row)
 	}
 }
 

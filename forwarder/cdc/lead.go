@@ -12,6 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/millbox/millbox/forwarder/cdc/internal/pgoutput"
+	"github.com/millbox/millbox/forwarder/cdc/internal/writer"
 	"github.com/millbox/millbox/forwarder/internal/retry"
 	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
@@ -31,7 +33,7 @@ type streamer struct {
 	// messages: the server streams logical decoding messages
 	// (PostgreSQL 14 or later): those of publishers without a table.
 	messages bool
-	store    *writer // writes emitted rows into the tables, in order
+	store    *writer.Writer // writes emitted rows into the tables, in order
 
 	active    atomic.Bool
 	confirmed atomic.Uint64 // the slot position the server is told
@@ -53,7 +55,7 @@ func (s *streamer) Prepare(ctx context.Context) error {
 // whether this instance leads or stands by.
 func (s *streamer) Start(ctx context.Context, e source.Engine) (wait func()) {
 	s.e = e
-	s.store = newWriter(s)
+	s.store = writer.New(e.Do, s.env.ReportError, s.env.Logger)
 	unregister, err := s.registerGauges()
 	if err != nil {
 		s.env.Logger.Error("millbox cdc: cannot register the slot gauges", err, nil)
@@ -62,9 +64,9 @@ func (s *streamer) Start(ctx context.Context, e source.Engine) (wait func()) {
 	e.Started()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.run(ctx) })
-	wg.Go(func() { s.store.run(ctx) })
+	wg.Go(func() { s.store.Run(ctx) })
 	return func() {
-		s.store.stop()
+		s.store.Stop()
 		wg.Wait()
 		unregister()
 	}
@@ -171,7 +173,7 @@ func (s *streamer) lead(ctx context.Context) error {
 	if !s.e.Do(func() { s.sess = sess; sess.pollSoon(0) }) {
 		return nil // the forwarder stopped
 	}
-	r := &reader{conn: conn, cfg: &s.cfg, oid: s.oid, prefix: sqladapters.EmitPrefix + strconv.FormatUint(uint64(s.oid), 10),
+	r := &reader{conn: conn, cfg: &s.cfg, dec: pgoutput.NewDecoder(s.oid, sqladapters.EmitPrefix+strconv.FormatUint(uint64(s.oid), 10)),
 		s: s, sess: sess, confirmed: &s.confirmed, received: pglogrepl.LSN(st.Confirmed)}
 	err = r.run(sctx)
 	abort := sess.abortErr.Load()

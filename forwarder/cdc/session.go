@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/millbox/millbox/forwarder/cdc/internal/pgoutput"
 	"github.com/millbox/millbox/forwarder/internal/retry"
 	"github.com/millbox/millbox/forwarder/internal/source"
 	"github.com/millbox/millbox/sqladapters"
@@ -149,17 +150,17 @@ func (x *session) end() {
 
 // onStream routes a committed transaction's rows and requeues, then moves
 // the processed position.
-func (x *session) onStream(ev streamEvent) {
+func (x *session) onStream(ev pgoutput.Event) {
 	if x.ended {
 		return
 	}
-	tx := &txn{end: ev.end, commit: ev.commit, xid: ev.xid, left: len(ev.rows)}
+	tx := &txn{end: ev.End, commit: ev.Commit, xid: ev.XID, left: len(ev.Rows)}
 	x.txns = append(x.txns, tx)
 	var add, store []*source.Row
-	for _, r := range ev.rows {
-		row := &source.Row{OutboxRow: r.OutboxRow, Keyed: r.keyed, Created: ev.commit, XID: ev.xid, Tag: &rowTag{sess: x, tx: tx}}
-		if r.emitted {
-			row.XID, row.Emitted, row.KeyHash = 0, true, r.keyHash
+	for _, r := range ev.Rows {
+		row := &source.Row{OutboxRow: r.OutboxRow, Keyed: r.Keyed, Created: ev.Commit, XID: ev.XID, Tag: &rowTag{sess: x, tx: tx}}
+		if r.Emitted {
+			row.XID, row.Emitted, row.KeyHash = 0, true, r.KeyHash
 		}
 		switch x.route(row) {
 		case routeEngine:
@@ -170,10 +171,10 @@ func (x *session) onStream(ev streamEvent) {
 	}
 	x.add(add)
 	x.storeRows(store)
-	for _, rq := range ev.requeues {
-		x.handOver(hkeyOf(rq.key, rq.keyed), ev.xid)
+	for _, rq := range ev.Requeues {
+		x.handOver(hkeyOf(rq.Key, rq.Keyed), ev.XID)
 	}
-	x.processed = max(x.processed, ev.end)
+	x.processed = max(x.processed, ev.End)
 	if d := x.deferred; d != nil && x.processed >= pglogrepl.LSN(d.mark.LSN) {
 		x.deferred = nil
 		x.handlePoll(*d)
