@@ -37,7 +37,8 @@ type Fleet struct {
 	// The loop's.
 	tenants map[string]*tenant
 	servers map[string]*server
-	named   int // tenants named in metrics (TenantAttribute)
+	named   int  // tenants named in metrics (TenantAttribute)
+	closing bool // Run's context ended: start nothing more
 
 	// What Status reads: the tenants, a copy of the loop's map.
 	statusMu sync.Mutex
@@ -129,6 +130,7 @@ func (f *Fleet) loop(ctx context.Context, leasesDone <-chan struct{}) {
 		select {
 		case <-done:
 			done = nil
+			f.closing = true
 			for _, t := range f.tenants {
 				f.drop(t)
 			}
@@ -160,6 +162,20 @@ func (f *Fleet) stopped() bool {
 func (f *Fleet) do(fn func()) bool {
 	select {
 	case f.events <- fn:
+		return true
+	case <-f.quit:
+		return false
+	}
+}
+
+// sync runs fn on the loop and waits for it; false once the loop ended.
+func (f *Fleet) sync(fn func()) bool {
+	done := make(chan struct{})
+	if !f.do(func() { fn(); close(done) }) {
+		return false
+	}
+	select {
+	case <-done:
 		return true
 	case <-f.quit:
 		return false

@@ -196,7 +196,7 @@ func shareOf(instance string, members []string, total int) int {
 // pickExcess chooses n tenants to give back: idle ones first.
 func (f *Fleet) pickExcess(live []sqladapters.FleetTenant, n int) []string {
 	busy := map[string]bool{}
-	if !f.do(func() {
+	if !f.sync(func() {
 		for id, t := range f.tenants {
 			busy[id] = t.state != idle
 		}

@@ -152,7 +152,7 @@ func (s *server) watch(ctx context.Context, f *Fleet, bell Doorbell) {
 func (f *Fleet) gap(s *server) {
 	f.do(func() {
 		for _, t := range f.tenants {
-			if t.srv == s && t.state == idle && !t.released {
+			if t.srv == s && t.state == idle && f.mayStart(t) {
 				f.start(t, false)
 			}
 		}

@@ -188,7 +188,7 @@ func (f *Fleet) schedule(t *tenant, wait time.Duration) {
 	}
 	t.look = time.AfterFunc(wait, func() {
 		f.do(func() {
-			if f.tenants[t.spec.ID] == t && t.state == idle && !t.released {
+			if f.tenants[t.spec.ID] == t && t.state == idle && f.mayStart(t) {
 				f.start(t, false)
 			}
 		})
@@ -210,7 +210,7 @@ func (f *Fleet) sweepLater(t *tenant, next time.Time) {
 func (f *Fleet) onRing(t *tenant) {
 	switch t.state {
 	case idle:
-		if !t.released {
+		if f.mayStart(t) {
 			f.start(t, true)
 		}
 	case hot:
@@ -223,6 +223,10 @@ func (f *Fleet) onRing(t *tenant) {
 		t.dirty = true
 	}
 }
+
+// mayStart tells whether t may start: still this instance's, and the
+// fleet not closing.
+func (f *Fleet) mayStart(t *tenant) bool { return !t.released && !f.closing }
 
 // start looks at t (direct: a ring says rows came, so its forwarder
 // starts at once without a look first).
@@ -300,7 +304,7 @@ func (f *Fleet) onStarted(t *tenant, stats sqladapters.OutboxStats, fwd *forward
 		f.logger(t.spec).Error("millbox fleet: cannot serve a tenant; trying again later", err,
 			watermill.LogFields{"retry_in": wait.String(), "hint": hint(err)})
 		f.idle(t, time.Time{})
-		if !t.released {
+		if f.mayStart(t) {
 			f.schedule(t, wait)
 		}
 	case fwd == nil:
@@ -317,14 +321,14 @@ func (f *Fleet) onStarted(t *tenant, stats sqladapters.OutboxStats, fwd *forward
 		t.mu.Unlock()
 		t.state, t.fwd = hot, fwd
 		t.lastRows.Store(time.Now().UnixNano())
-		if t.released {
+		if !f.mayStart(t) {
 			f.stop(t)
 			return
 		}
 		f.watchHold(t)
 		return
 	}
-	if t.dirty && !t.released {
+	if t.dirty && f.mayStart(t) {
 		f.start(t, true)
 	}
 }
@@ -347,7 +351,7 @@ func (f *Fleet) idle(t *tenant, next time.Time) {
 		f.forget(t)
 		return
 	}
-	if !t.dirty {
+	if !t.dirty && !f.closing {
 		f.sweepLater(t, next)
 	}
 }
@@ -474,7 +478,7 @@ func (f *Fleet) stop(t *tenant) {
 			next := t.stats.NextDue
 			t.mu.Unlock()
 			f.idle(t, next)
-			if t.dirty && !t.released {
+			if t.dirty && f.mayStart(t) {
 				f.start(t, true)
 			}
 		})
