@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -59,6 +60,11 @@ type Forwarder struct {
 	src    source.Source
 	txDest destination.TxDestination // with ExactlyOnce
 	life   startstop.Base
+
+	incidents sync.Mutex // guards the three below
+	dbDown    time.Time  // since when the database fails, zero while it answers
+	gap       string     // the last stretch of history no source could read
+	gapAt     time.Time
 	// Config.Wake fans out to the source and the mover.
 	srcWake, moverWake chan struct{}
 }
@@ -90,6 +96,7 @@ func New(cfg Config) (*Forwarder, error) {
 		Attrs:           tel.Attrs(),
 		ReportError:     f.reportError,
 		Read:            f.read,
+		Database:        f.database,
 		Active:          f.active,
 		Wake:            f.srcWake,
 		ExactlyOnce:     cfg.ExactlyOnce,
@@ -240,9 +247,27 @@ func (f *Forwarder) reportError(err error) {
 	if err == nil {
 		return
 	}
+	var gap interface{ Gap() string }
+	if errors.As(err, &gap) {
+		f.incidents.Lock()
+		f.gap, f.gapAt = gap.Gap(), time.Now()
+		f.incidents.Unlock()
+	}
 	f.tel.NoteError(err)
 	if f.cfg.Hooks.OnError != nil {
 		f.cfg.Hooks.OnError(err)
+	}
+}
+
+// database notes whether the source's database answers.
+func (f *Forwarder) database(err error) {
+	f.incidents.Lock()
+	defer f.incidents.Unlock()
+	switch {
+	case err == nil:
+		f.dbDown = time.Time{}
+	case f.dbDown.IsZero():
+		f.dbDown = time.Now()
 	}
 }
 
@@ -278,16 +303,20 @@ func (f *Forwarder) Partitions() []int { return f.src.Partitions() }
 
 // Status reports the forwarder's state and the outbox's backlog, read
 // from the database: whether it runs, the partitions it holds, its last
-// successful publish and last error, and the outbox's stats. It serves
-// HealthHandler.
+// successful publish and last error, whether its database answers, and
+// the outbox's stats. When the stats cannot be read it returns the error
+// with the rest of the Status. It serves HealthHandler.
 func (f *Forwarder) Status(ctx context.Context) (Status, error) {
 	stats, err := f.cfg.Dialect.OutboxStats(ctx, f.cfg.DB)
 	if err != nil {
-		return Status{}, fmt.Errorf("millbox: read the outbox's stats: %w", err)
+		err = fmt.Errorf("millbox: read the outbox's stats: %w", err)
 	}
 	s := Status{Running: f.isRunning(), Partitions: f.Partitions(), OutboxStats: stats}
 	s.LastPublish, s.LastError, s.LastErrorAt = f.tel.Health()
-	return s, nil
+	f.incidents.Lock()
+	s.DatabaseDownSince, s.Gap, s.GapAt = f.dbDown, f.gap, f.gapAt
+	f.incidents.Unlock()
+	return s, err
 }
 
 // observer turns what the engine does into telemetry and the user's

@@ -29,6 +29,17 @@ type Status struct {
 	// LastErrorAt is when it happened.
 	LastError   string
 	LastErrorAt time.Time
+	// DatabaseDownSince is when the forwarder's reads of the outbox's
+	// database started to fail (it is down, or read-only: a failover),
+	// zero while they succeed.
+	DatabaseDownSince time.Time
+	// Gap is the last stretch of the outbox's history this forwarder
+	// could not read, and GapAt when it found it; "" while none: with
+	// cdc.Source, a replication slot lost in a failover
+	// (cdc.SlotLostError), where messages of publishers without a table
+	// are lost. It stays until the forwarder restarts.
+	Gap   string
+	GapAt time.Time
 	// OutboxStats is the outbox's backlog, every instance's: pending
 	// messages and the age of the oldest, dead letters (in the outbox's
 	// table of dead letters) and the keys they hold, scheduled messages
@@ -57,8 +68,10 @@ type HealthOptions struct {
 //     It does not ask the database: a liveness check that fails with the
 //     database would restart every instance during a database outage.
 //   - /readyz answers 200 when source reports a running forwarder whose
+//     database answers (Status.DatabaseDownSince is zero) and whose
 //     outbox has no pending message older than MaxPendingAge, and 503
-//     otherwise, or when Status fails.
+//     otherwise, or when Status fails. A gap in what the forwarder could
+//     read (Status.Gap) shows in the body without failing the check.
 //
 // Other paths answer 404. Both bodies are JSON: "status" is "ok", "ready"
 // or "not_ready", "reasons" says why an instance is not ready, and the
@@ -97,6 +110,9 @@ type statusDetail struct {
 	Scheduled               int64      `json:"scheduled"`
 	OldestPendingAgeSeconds *float64   `json:"oldest_pending_age_seconds,omitempty"`
 	NextDue                 *time.Time `json:"next_due,omitempty"`
+	DatabaseDownSince       *time.Time `json:"database_down_since,omitempty"`
+	Gap                     string     `json:"gap,omitempty"`
+	GapAt                   *time.Time `json:"gap_at,omitempty"`
 }
 
 func newStatusDetail(s Status) *statusDetail {
@@ -120,6 +136,12 @@ func newStatusDetail(s Status) *statusDetail {
 	}
 	if !s.NextDue.IsZero() {
 		d.NextDue = &s.NextDue
+	}
+	if !s.DatabaseDownSince.IsZero() {
+		d.DatabaseDownSince = &s.DatabaseDownSince
+	}
+	if s.Gap != "" {
+		d.Gap, d.GapAt = s.Gap, &s.GapAt
 	}
 	if s.OldestPendingAge >= 0 {
 		age := s.OldestPendingAge.Seconds()
@@ -158,6 +180,10 @@ func (h *healthHandler) ready(w http.ResponseWriter, r *http.Request) {
 	body := healthBody{Status: "ready", Detail: newStatusDetail(s)}
 	if !s.Running {
 		body.Reasons = append(body.Reasons, "the forwarder is not running")
+	}
+	if !s.DatabaseDownSince.IsZero() {
+		body.Reasons = append(body.Reasons, fmt.Sprintf("the outbox's database has failed since %s (down, or read-only after a failover)",
+			s.DatabaseDownSince.UTC().Format(time.RFC3339)))
 	}
 	if h.opts.MaxPendingAge > 0 && s.OldestPendingAge > h.opts.MaxPendingAge {
 		body.Reasons = append(body.Reasons, fmt.Sprintf("the oldest pending message is %v old, over the limit of %v",

@@ -50,6 +50,7 @@ type healthReply struct {
 			LastError  string   `json:"last_error"`
 		} `json:"forwarder"`
 	}
+	raw string
 }
 
 func get(t *testing.T, h http.Handler, path string) healthReply {
@@ -57,7 +58,7 @@ func get(t *testing.T, h http.Handler, path string) healthReply {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 	var r healthReply
-	r.code = rec.Code
+	r.code, r.raw = rec.Code, rec.Body.String()
 	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
 		t.Fatalf("%s: content type %q", path, ct)
 	}
@@ -99,6 +100,19 @@ func TestReadinessFollowsRunningAndPendingAge(t *testing.T) {
 	src.set(forwarder.Status{Running: true}, nil)
 	if r = get(t, h, "/readyz"); r.code != http.StatusOK {
 		t.Fatalf("drained: %d %+v", r.code, r.body)
+	}
+
+	// A failover: the database fails, then answers again with a gap the
+	// forwarder could not read.
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	src.set(forwarder.Status{Running: true, DatabaseDownSince: since}, nil)
+	if r = get(t, h, "/readyz"); r.code != http.StatusServiceUnavailable || len(r.body.Reasons) != 1 ||
+		!strings.Contains(r.body.Reasons[0], "failed since 2026-01-02T03:04:05Z") {
+		t.Fatalf("database down: %d %+v", r.code, r.body)
+	}
+	src.set(forwarder.Status{Running: true, Gap: "replication slot s was lost", GapAt: since}, nil)
+	if r = get(t, h, "/readyz"); r.code != http.StatusOK || !strings.Contains(r.raw, `"gap":"replication slot s was lost"`) {
+		t.Fatalf("gap: %d %+v %s", r.code, r.body, r.raw)
 	}
 
 	src.set(forwarder.Status{}, errors.New("connection refused"))

@@ -51,6 +51,10 @@ func runFailover(t *testing.T, s failover.Scenario) failover.Result {
 		t.Fatalf("%d messages committed before the failover never arrived: %v", res.LostBefore, res.Lost[:min(len(res.Lost), 20)])
 	case res.Resume < 0:
 		t.Fatal("nothing arrived after the promotion")
+	case !res.DownReported:
+		t.Fatal("the forwarder's Status never said that its database failed while the primary was away (DatabaseDownSince)")
+	case !res.DownAtEnd.IsZero():
+		t.Fatalf("the forwarder's Status still says its database fails since %v after everything arrived", res.DownAtEnd)
 	}
 	return res
 }

@@ -66,6 +66,9 @@ func (e *SlotLostError) Error() string {
 // Is makes errors.Is(err, ErrSlotLost) hold.
 func (e *SlotLostError) Is(target error) bool { return target == ErrSlotLost }
 
+// Gap says what the forwarder could not read, for forwarder.Status.Gap.
+func (e *SlotLostError) Gap() string { return e.Error() }
+
 // serverMark is what this instance knew of the server and the slot when
 // its last session ended.
 type serverMark struct {

@@ -95,6 +95,7 @@ func (s *streamer) run(ctx context.Context) {
 		}
 		if err != nil {
 			s.env.ReportError(err)
+			s.env.Database(err)
 			delay = min(backoff.Next(err), maxRetry)
 			if msg := err.Error(); msg != logged || time.Since(loggedAt) >= repeatLogEvery {
 				s.env.Logger.Error("millbox cdc: reader stopped; trying again", err, watermill.LogFields{"retry_in": delay.String()})
@@ -142,6 +143,7 @@ func (s *streamer) lead(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("millbox cdc: identify the server: %w", err)
 	}
+	s.env.Database(nil)
 	s.setActive(true)
 	defer s.setActive(false)
 	s.env.Logger.Info("millbox cdc: active reader", watermill.LogFields{"slot": s.cfg.Slot})

@@ -76,7 +76,7 @@ func (p *poller) acquireLoop(ctx context.Context, first chan<- struct{}) {
 				p.env.Logger.Error("millbox forwarder: cannot acquire partitions; their rows wait until it succeeds", err,
 					watermill.LogFields{"partitions": want})
 			}
-			sleep(ctx, min(backoff.Next(err), time.Second))
+			sleep(ctx, backoff.Next(err))
 		}
 	}
 }

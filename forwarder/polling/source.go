@@ -510,12 +510,16 @@ func (p *poller) onRead(res readResult) {
 		if p.ctx.Err() == nil {
 			wait := p.readRetry.Next(res.err)
 			p.env.ReportError(res.err)
+			p.env.Database(res.err)
 			p.env.Logger.Error("millbox forwarder: read failed; retrying", res.err, watermill.LogFields{"retry_in": wait.String()})
 			p.schedule(wait)
 		}
 		return
 	}
 	p.env.Read(len(res.rows))
+	if p.readRetry.Failing() {
+		p.env.Database(nil)
+	}
 	p.readRetry.Reset()
 	p.prevFull = res.full
 	if res.head {
@@ -591,6 +595,9 @@ func (p *poller) watchLoop(ctx context.Context) {
 			continue
 		}
 		mark, err := p.env.Dialect.HighWaterMark(ctx, p.env.DB)
+		if err != nil && ctx.Err() == nil {
+			p.env.Database(err)
+		}
 		switch {
 		case err != nil:
 			wait = min(backoff.Next(err), p.cfg.PollInterval)

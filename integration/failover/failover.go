@@ -175,6 +175,12 @@ type Result struct {
 	// Stopped tells that the forwarder's Run returned during the run, with
 	// its error: it should run throughout.
 	Stopped error
+	// DownReported tells that the forwarder's Status said, while the
+	// database was away, since when it failed (DatabaseDownSince);
+	// DownAtEnd is what it said once everything arrived (zero: it
+	// answers again).
+	DownReported bool
+	DownAtEnd    time.Time
 }
 
 // LostAfter is the number of committed messages lost that committed
@@ -300,6 +306,24 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 
 	sleep(ctx, s.Before)
 	gone.Store(true)
+	var downReported atomic.Bool
+	sampling, stopSampling := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sampling)
+		for {
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			st, _ := fw.Status(sctx)
+			cancel()
+			if !st.DatabaseDownSince.IsZero() {
+				downReported.Store(true)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
 	ectx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	switch s.Ending {
 	case Switchover:
@@ -329,6 +353,7 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 	wg.Wait()
 
 	res := Result{Resume: -1, FirstCommit: -1}
+	defer func() { close(stopSampling); <-sampling }()
 	all, after := map[string]bool{}, map[string]bool{}
 	for _, m := range msgs {
 		if m.committed {
@@ -348,6 +373,12 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	res.DownReported = downReported.Load()
+	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+	if st, err := fw.Status(sctx); err == nil {
+		res.DownAtEnd = st.DatabaseDownSince
+	}
+	scancel()
 	select {
 	case res.Stopped = <-runErr:
 		if res.Stopped == nil {

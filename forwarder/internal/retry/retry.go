@@ -43,8 +43,11 @@ var (
 	// Operations paces a database or destination operation the forwarder
 	// retries on its own: a read of the outbox, a delete of published
 	// rows, a look at the high-water mark, a move of due messages, a
-	// claim of a partition at the destination.
-	Operations = Exponential{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	// claim of a partition at the destination. It waits a second at most,
+	// so that a database back after a failover (a standby promoted) is
+	// found within about a second; a failing attempt costs the server
+	// little more than a refused connection.
+	Operations = Exponential{Min: 100 * time.Millisecond, Max: time.Second}
 	// Probes paces the probes of a destination that is down: the first
 	// follows at once, then the delay doubles up to a second, so a
 	// destination that comes back is noticed within about a second.

@@ -78,6 +78,11 @@ type Env struct {
 	// Read reports one read of the table that returned n rows (metrics
 	// and the OnRead hook).
 	Read func(n int)
+	// Database reports how the source's database answers: the error of
+	// an operation that failed for want of the database (it is down, or
+	// read-only after a failover), nil once one succeeded again. The
+	// forwarder's Status says since when it fails.
+	Database func(err error)
 	// Active reports that this instance started (true) or stopped
 	// (false) publishing: it came to hold partitions or holds none any
 	// more, it became the active reader of a stream or stopped being it.
