@@ -35,7 +35,7 @@ func (e *cdcEnv) emit(ctx context.Context, topic string, msgs ...*message.Messag
 	if err != nil {
 		return err
 	}
-	p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true})
+	p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true, Slot: e.src.Slot})
 	if err == nil {
 		err = p.Publish(topic, msgs...)
 	}
@@ -98,7 +98,7 @@ func TestEmitRolledBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true})
+	p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true, Slot: e.src.Slot})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestEmitMessageTooLarge(t *testing.T) {
 	e := newCDCEnv(t)
 	ctx := testenv.Ctx(t, time.Minute)
 	e.setup(t, ctx)
-	pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true, MaxPayloadBytes: -1})
+	pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true, Slot: e.src.Slot, MaxPayloadBytes: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +359,7 @@ func TestEmitMixedKeyOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		tp, _ := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: e.d})
-		ep, _ := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true})
+		ep, _ := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true, Slot: e.src.Slot})
 		// Publish key by key in seq order, switching publishers as the
 		// messages alternate.
 		ti, ei := 0, 0
@@ -509,5 +509,57 @@ func TestEmitRedeliveredAfterCrash(t *testing.T) {
 	}
 	if n := e.written(t, ctx); n != 0 {
 		t.Fatalf("%d rows written into the tables, want none", n)
+	}
+}
+
+// A publisher without a table writes into the WAL only while its own
+// forwarder's slot exists (PublisherConfig.Slot): another slot of the
+// database, another outbox's or another tool's, would hold messages that
+// no forwarder of this outbox reads once that slot is gone. Without its
+// slot, the call's messages go into the outbox table.
+func TestEmitNeedsItsOwnSlot(t *testing.T) {
+	e := newCDCEnv(t)
+	ctx := testenv.Ctx(t, time.Minute)
+	e.setup(t, ctx) // a slot exists: e.src.Slot
+	pending := func() int64 {
+		t.Helper()
+		st, err := e.d.OutboxStats(ctx, e.db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Pending
+	}
+	publish := func(slot string) {
+		t.Helper()
+		tx, err := e.db.Begin(ctx, sql.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true, Slot: slot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Publish("t", message.NewMessage(watermill.NewUUID(), []byte("x"))); err != nil {
+			sqladapters.Rollback(tx)
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(e.src.Slot)
+	if n := pending(); n != 0 {
+		t.Fatalf("with its slot, the message went into the table (%d pending rows)", n)
+	}
+	publish(e.src.Slot + "_gone")
+	if n := pending(); n != 1 {
+		t.Fatalf("without its slot (another slot exists), %d pending rows in the table, want the message there", n)
+	}
+	publish("*")
+	if n := pending(); n != 1 {
+		t.Fatalf(`with Slot "*" and a slot in the database, the message went into the table (%d pending rows)`, n)
+	}
+	if _, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: e.d, WithoutTable: true, Slot: "Bad-Slot"}); !errors.Is(err, forwarder.ErrInvalidConfig) {
+		t.Fatalf("a bad slot name: %v, want ErrInvalidConfig", err)
 	}
 }

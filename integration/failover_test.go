@@ -166,7 +166,7 @@ func TestEmitWithoutSlotWritesTheTable(t *testing.T) {
 	if err := cdc.Setup(ctx, db, d, src); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: d, WithoutTable: true})
+	pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: d, WithoutTable: true, Slot: name})
 	if err != nil {
 		t.Fatal(err)
 	}

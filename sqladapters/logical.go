@@ -108,6 +108,9 @@ var (
 type EmitRecord struct {
 	Content  []byte
 	Messages int
+	// Slot is the logical replication slot that must exist for the
+	// record to be written; "" for any logical slot of the database.
+	Slot string
 }
 
 // WrittenMessage is a message of the outbox without a table that

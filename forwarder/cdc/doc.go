@@ -175,8 +175,9 @@
 //     it keeps up (the benchmark's failover case counts them, as
 //     failover_wal_only_lost). Everything committed after the promotion
 //     is delivered:
-//     while no slot exists, publishers write into the table, and once the
-//     forwarder created its slot they write into the WAL again. That is
+//     while the forwarder's slot does not exist (PublisherConfig.Slot
+//     names it), publishers write into the table, and once the forwarder
+//     created it they write into the WAL again. That is
 //     what the outbox without a table trades for its lower cost (no row,
 //     index entry, delete or vacuum per message): on a failover without a
 //     slot that survives it, what the forwarder had not delivered yet.

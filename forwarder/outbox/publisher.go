@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,8 @@ const (
 	// ordering key: destination.KeyMetadataField, in which the forwarder
 	// hands each message's key to the destination.
 	DefaultKeyMetadataField = destination.KeyMetadataField
+	// DefaultSlot is PublisherConfig.Slot's default: cdc.DefaultSlot.
+	DefaultSlot = "millbox_cdc"
 	// DefaultMaxPayloadBytes is the largest payload the publisher accepts,
 	// unless the dialect's MaxMessageBytes is lower.
 	DefaultMaxPayloadBytes = 8 << 20
@@ -107,10 +110,10 @@ type PublisherConfig struct {
 	//
 	// It needs PostgreSQL 14 or later with wal_level logical (Publish
 	// refuses elsewhere, writing nothing: sqladapters.ErrEmitUnavailable),
-	// and a forwarder with the cdc source on the outbox. Where no logical
-	// replication slot exists in the database at the moment of the call
-	// (none was created yet, or a standby was promoted and the forwarder
-	// has not created its slot there yet), no forwarder could read the
+	// and a forwarder with the cdc source on the outbox. Where that
+	// forwarder's replication slot (Slot) does not exist at the moment of
+	// the call (it was not created yet, or a standby was promoted and the
+	// forwarder has not created its slot there yet), no forwarder could read the
 	// messages: Publish writes them into the outbox table instead, in the
 	// same transaction, and the forwarder reads them from there. Messages
 	// are held only by the WAL until the slot confirms them: a slot
@@ -122,6 +125,14 @@ type PublisherConfig struct {
 	// must exist, and reach the forwarder as rows of the outbox once due.
 	// Defaults to false.
 	WithoutTable bool
+	// Slot is, with WithoutTable, the logical replication slot of the
+	// forwarder that reads this outbox (cdc.Source.Slot): a call is
+	// written without a table only while that slot exists and can decode
+	// it, and into the table otherwise. Another outbox's slot, or another
+	// tool's, never counts: after a failover it would take messages that
+	// no forwarder of this outbox reads. Defaults to DefaultSlot, as
+	// cdc.Source's; "*" accepts any logical slot of the database.
+	Slot string
 	// Telemetry.Propagator stores the trace context of each message's
 	// context (msg.SetContext) in its metadata, so that the trace of the
 	// request that wrote the message continues where it is sent and
@@ -151,6 +162,9 @@ func (c PublisherConfig) Validate() error {
 	}
 	if c.WithoutTable && c.Dialect.Logical() == nil {
 		return fmt.Errorf("%w: PublisherConfig.WithoutTable needs a database that streams its changes (PostgreSQL), not %s", ErrInvalidConfig, c.Dialect.Name())
+	}
+	if c.Slot != "" && c.Slot != "*" && !slotName.MatchString(c.Slot) {
+		return fmt.Errorf("%w: PublisherConfig.Slot %q must be 1 to 63 lower case letters, digits and underscores (PostgreSQL's rule for slot names), or \"*\"", ErrInvalidConfig, c.Slot)
 	}
 	return nil
 }
@@ -326,7 +340,7 @@ func (p *Publisher) emit(ctx context.Context, tx sqladapters.Tx, rows []sqladapt
 		runs := emit.Split(now, emitRecordBytes)
 		records := make([]sqladapters.EmitRecord, len(runs))
 		for i, run := range runs {
-			records[i] = sqladapters.EmitRecord{Content: emit.Encode(run), Messages: len(run)}
+			records[i] = sqladapters.EmitRecord{Content: emit.Encode(run), Messages: len(run), Slot: p.slot()}
 		}
 		if err := p.cfg.Dialect.Logical().Emit(ctx, tx, records); err != nil {
 			return fmt.Errorf("millbox: write %d message(s) to the outbox without a table: %w", len(now), err)
@@ -348,6 +362,20 @@ func (p *Publisher) emit(ctx context.Context, tx sqladapters.Tx, rows []sqladapt
 		return fmt.Errorf("millbox: write %d scheduled message(s) to the outbox's scheduled table: %w", len(later), err)
 	}
 	return nil
+}
+
+// slotName is PostgreSQL's rule for replication slot names.
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// slot is the replication slot a call without a table needs, "" for any.
+func (p *Publisher) slot() string {
+	switch p.cfg.Slot {
+	case "":
+		return DefaultSlot
+	case "*":
+		return ""
+	}
+	return p.cfg.Slot
 }
 
 // txFor returns the bound transaction, or the one in the messages' context.

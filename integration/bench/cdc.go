@@ -180,7 +180,7 @@ func cdcLatency(ctx context.Context, o options, k *testenv.Kafka, rate int, dur 
 		if err != nil {
 			return "", err
 		}
-		p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d, WithoutTable: mode == modeEmit})
+		p, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d, WithoutTable: mode == modeEmit, Slot: "*"})
 		if err != nil {
 			return "", err
 		}

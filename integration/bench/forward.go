@@ -45,7 +45,7 @@ func prefillWith(ctx context.Context, db sqladapters.DB, d sqladapters.Dialect, 
 		if err != nil {
 			return err
 		}
-		pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d, WithoutTable: withoutTable})
+		pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d, WithoutTable: withoutTable, Slot: "*"})
 		if err != nil {
 			return err
 		}

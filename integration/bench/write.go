@@ -404,7 +404,7 @@ func emitN(ctx context.Context, tx pgx.Tx, d sqladapters.Dialect, id int64, n in
 func publishTo(ctx context.Context, tx pgx.Tx, k publisherKey, id int64, n int, payload []byte) error {
 	p, ok := publishers.Load(k)
 	if !ok {
-		pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: k.d, WithoutTable: k.withoutTable})
+		pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: k.d, WithoutTable: k.withoutTable, Slot: "*"})
 		if err != nil {
 			return err
 		}

@@ -258,7 +258,7 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("forwarder: %w", err)
 	}
-	pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: pd, WithoutTable: s.Mode == WithoutTable})
+	pub, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: pd, WithoutTable: s.Mode == WithoutTable, Slot: schema})
 	if err != nil {
 		return Result{}, err
 	}

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -157,10 +158,12 @@ func (d *sqlDialect) EmitCheck() sqladapters.Query {
 // emitSlot is true where a logical slot of the database can decode what
 // commits from now on: its creation has finished (a slot being created
 // has no confirmed position yet, and does not decode transactions already
-// running) and it has not lost WAL it needs.
+// running) and it has not lost WAL it needs. The slot is the one named
+// by the parameter that follows it, or any when that is ”.
 const emitSlot = `EXISTS (SELECT 1 FROM pg_replication_slots
 	WHERE slot_type = 'logical' AND database = current_database()
-		AND confirmed_flush_lsn IS NOT NULL AND wal_status IS DISTINCT FROM 'lost')`
+		AND confirmed_flush_lsn IS NOT NULL AND wal_status IS DISTINCT FROM 'lost'
+		AND ($%d::text = '' OR slot_name = $%d::text))`
 
 // EmitRecord writes r as a transactional logical decoding message of
 // prefix with the ids of its messages appended: drawn from sequence in
@@ -173,8 +176,9 @@ func (d *sqlDialect) EmitRecord(prefix, sequence string, r sqladapters.EmitRecor
 	if r.Messages == 1 {
 		ids, args = `int8send(nextval($3::regclass))`, args[:3]
 	}
+	args = append(args, r.Slot)
 	return sqladapters.Query{
-		SQL:  `SELECT pg_logical_emit_message(true, $1::text, $2::bytea || ` + ids + `) WHERE ` + emitSlot,
+		SQL:  `SELECT pg_logical_emit_message(true, $1::text, $2::bytea || ` + ids + `) WHERE ` + fmt.Sprintf(emitSlot, len(args), len(args)),
 		Args: args,
 	}
 }
