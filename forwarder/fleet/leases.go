@@ -29,7 +29,7 @@ import (
 // tables exist.
 func (f *Fleet) join(ctx context.Context) error {
 	start := time.Now()
-	if err := f.cfg.Store.Heartbeat(ctx, f.cfg.Control, f.cfg.InstanceID, f.cfg.LeaseTTL); err != nil {
+	if _, err := f.cfg.Store.Heartbeat(ctx, f.cfg.Control, f.cfg.InstanceID, f.cfg.LeaseTTL); err != nil {
 		return err
 	}
 	f.until.Store(start.Add(f.cfg.LeaseTTL - f.cfg.LeaseTTL/10).UnixNano())
@@ -88,8 +88,26 @@ func (f *Fleet) leaseRound(ctx context.Context, ls *leaseState) error {
 	renew := time.Since(ls.renewed) >= f.cfg.LeaseTTL/3
 	if renew {
 		start := time.Now()
-		if err := st.Heartbeat(ctx, db, f.cfg.InstanceID, f.cfg.LeaseTTL); err != nil {
+		renewed, err := st.Heartbeat(ctx, db, f.cfg.InstanceID, f.cfg.LeaseTTL)
+		if err != nil {
 			return fmt.Errorf("heartbeat: %w", err)
+		}
+		if !renewed && ls.started {
+			// The member row had expired (this instance was frozen, or
+			// the control database away for longer than LeaseTTL): its
+			// tenants were given up and may be another's by now. Stop
+			// them all; the claims below start afresh.
+			f.cfg.Logger.Error("millbox fleet: this instance's lease had run out; letting go of its tenants and claiming anew", nil, nil)
+			var all []string
+			if f.sync(func() {
+				for id := range f.tenants {
+					all = append(all, id)
+				}
+			}) {
+				if err := f.letGo(ctx, all); err != nil {
+					return err
+				}
+			}
 		}
 		ls.renewed = start
 		f.until.Store(start.Add(f.cfg.LeaseTTL - f.cfg.LeaseTTL/10).UnixNano())
@@ -163,7 +181,7 @@ func (f *Fleet) leaseRound(ctx context.Context, ls *leaseState) error {
 		if err := f.letGo(ctx, ids); err != nil {
 			return err
 		}
-		if err := st.DeleteRemoved(ctx, db, f.cfg.InstanceID, ids); err != nil {
+		if _, err := st.DeleteRemoved(ctx, db, f.cfg.InstanceID, ids); err != nil {
 			return fmt.Errorf("delete removed tenants: %w", err)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 // catalog of tenants and who holds each. sqladapters.FleetStore, from
 // postgres.NewFleet, mysql.NewFleet or sqlite.NewFleet, is one.
 type Store interface {
-	Heartbeat(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration) error
+	Heartbeat(ctx context.Context, e sqladapters.Executor, instance string, ttl time.Duration) (renewed bool, err error)
 	LiveMembers(ctx context.Context, e sqladapters.Executor) ([]string, error)
 	Leave(ctx context.Context, e sqladapters.Executor, instance string) error
 	PutTenants(ctx context.Context, e sqladapters.Executor, tenants []sqladapters.FleetTenant) error
@@ -19,7 +19,7 @@ type Store interface {
 	CatalogVersion(ctx context.Context, e sqladapters.Executor) (int64, error)
 	Tenants(ctx context.Context, e sqladapters.Executor) ([]sqladapters.FleetTenant, error)
 	OwnedTenants(ctx context.Context, e sqladapters.Executor, instance string) ([]sqladapters.FleetTenant, error)
-	ClaimTenants(ctx context.Context, e sqladapters.Executor, instance string, max int) ([]sqladapters.FleetTenant, error)
+	ClaimTenants(ctx context.Context, db sqladapters.DB, instance string, max int) ([]sqladapters.FleetTenant, error)
 	ReleaseTenants(ctx context.Context, e sqladapters.Executor, instance string, ids []string) error
-	DeleteRemoved(ctx context.Context, e sqladapters.Executor, instance string, ids []string) error
+	DeleteRemoved(ctx context.Context, e sqladapters.Executor, instance string, ids []string) (int64, error)
 }

@@ -11,19 +11,26 @@ import (
 	"github.com/millbox/millbox/sqladapters"
 )
 
+// announceWait is how long an instance waits after its first heartbeat
+// before its first claim, so that instances starting together (within
+// this long of each other) see each other and split the partitions from
+// the start. It delays every start by as much: short, since instances
+// that start further apart get their shares within a tick anyway.
+const announceWait = 100 * time.Millisecond
+
 // leaseLoop keeps this instance's fair share of partitions: it heartbeats,
 // renews its leases, claims free or expired partitions up to
 // ceil(partitions / live instances) and releases the excess, every
 // LeaseTTL/3. Between renewals it counts the live instances every quarter
 // of a PollInterval, so that when one leaves (or joins) the partitions
 // move within a poll interval rather than a renewal later. Before its
-// first claim it announces itself and waits one such tick, so that
+// first claim it announces itself and waits announceWait, so that
 // instances that start together split the partitions from the start.
 func (p *poller) leaseLoop(ctx context.Context, ready chan<- struct{}) {
 	interval := p.cfg.LeaseTTL / 3
 	tick := max(min(interval, p.cfg.PollInterval/4), 10*time.Millisecond)
 	if err := p.heartbeat(ctx); err == nil {
-		sleep(ctx, tick)
+		sleep(ctx, min(tick, announceWait))
 	}
 	readyOnce := false
 	members := -1
