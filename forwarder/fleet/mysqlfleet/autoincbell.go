@@ -137,12 +137,17 @@ func (b *autoIncDoorbell) look(ctx context.Context, conn *sql.Conn, w fleet.Watc
 		clear(b.last)
 		return nil
 	}
-	args := []any{b.s.outbox, b.s.outbox + "_scheduled"}
+	dbs := make([]any, 0, len(tenants))
 	for db := range tenants {
-		args = append(args, db)
+		dbs = append(dbs, db)
 	}
-	q := `SELECT TABLE_SCHEMA, TABLE_NAME, AUTO_INCREMENT FROM information_schema.TABLES
-WHERE TABLE_NAME IN (?, ?) AND TABLE_SCHEMA IN (?` + strings.Repeat(", ?", len(tenants)-1) + `)`
+	// One SELECT per table name: with TABLE_NAME = ?, the server opens
+	// that table in each database listed; with TABLE_NAME IN (...) it
+	// would open every table of every database.
+	in := `(?` + strings.Repeat(", ?", len(dbs)-1) + `)`
+	q := `SELECT TABLE_SCHEMA, TABLE_NAME, AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_NAME = ? AND TABLE_SCHEMA IN ` + in +
+		` UNION ALL SELECT TABLE_SCHEMA, TABLE_NAME, AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_NAME = ? AND TABLE_SCHEMA IN ` + in
+	args := append(append(append(append([]any{}, b.s.outbox), dbs...), b.s.outbox+"_scheduled"), dbs...)
 	rows, err := conn.QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
