@@ -37,8 +37,8 @@
 //     later optimisation.
 //   - NoDoorbell: the fleet's sweep and timers only.
 //
-// Each doorbell's documentation (statDoorbell, slotDoorbell in the
-// source) says what it can miss; the fleet's sweep bounds that.
+// What each doorbell costs and can miss is told in full with its code
+// (statbell.go, slotbell.go); the fleet's sweep bounds what they miss.
 //
 // # Connections
 //
