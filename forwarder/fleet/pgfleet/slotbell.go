@@ -192,6 +192,7 @@ type slotStream struct {
 	received   pglogrepl.LSN
 	confirmed  pglogrepl.LSN
 	lastStatus time.Time
+	syncWait   time.Duration // after a failed change of the publication
 }
 
 // pubTable is a table of the publication.
@@ -233,7 +234,7 @@ func (x *slotStream) setUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create temporary replication slot: %w", hint(err))
 	}
-	if err := x.sync(ctx, x.conn, false); err != nil {
+	if err := x.sync(ctx); err != nil {
 		return err
 	}
 	err = pglogrepl.StartReplication(ctx, x.conn, x.name, 0, pglogrepl.StartReplicationOptions{
@@ -285,21 +286,30 @@ func (x *slotStream) dropPublication(ctx context.Context) {
 }
 
 // run receives the stream until ctx ends or it fails, looking at the
-// tenants every DoorbellInterval.
+// tenants every DoorbellInterval. A change of the publication that fails
+// is tried again with a backoff from 1 s to 1 min.
 func (x *slotStream) run(ctx context.Context) error {
 	interval := x.s.cfg.DoorbellInterval
 	next := time.Now().Add(interval)
 	for {
 		if now := time.Now(); !now.Before(next) {
 			next = now.Add(interval)
-			if err := x.syncApart(ctx); err != nil {
-				return err
+			if err := x.syncApart(ctx); err != nil && ctx.Err() == nil {
+				// The stream goes on for the tenants it has.
+				x.syncWait = min(max(2*x.syncWait, retryMin), retryMax)
+				next = now.Add(x.syncWait)
+				x.log("cannot change the publication; tried again later", err, "retry_in", x.syncWait)
+			} else {
+				x.syncWait = 0
 			}
 		}
 		if err := x.status(false); err != nil {
 			return err
 		}
 		deadline := x.lastStatus.Add(statusEvery)
+		if x.received > x.confirmed {
+			deadline = x.lastStatus.Add(statusGap)
+		}
 		if next.Before(deadline) {
 			deadline = next
 		}
@@ -404,10 +414,11 @@ func (x *slotStream) syncApart(ctx context.Context) error {
 	return x.apply(ctx, conn, add, drop, true)
 }
 
-// sync is syncApart on conn, before the stream starts.
-func (x *slotStream) sync(ctx context.Context, conn *pgconn.PgConn, ring bool) error {
+// sync brings the publication in step with the tenants on the
+// replication connection, before the stream starts.
+func (x *slotStream) sync(ctx context.Context) error {
 	add, drop := x.changes()
-	return x.apply(ctx, conn, add, drop, ring)
+	return x.apply(ctx, x.conn, add, drop, false)
 }
 
 // changes compares the publication with the tenants of the database:
@@ -486,7 +497,7 @@ func (x *slotStream) apply(ctx context.Context, conn *pgconn.PgConn, add map[str
 		if _, exists := found[table]; exists {
 			ok = append(ok, table)
 		} else {
-			x.later(table, errors.New("the table does not exist"))
+			x.later(table, nil)
 		}
 	}
 	if len(ok) == 0 {
@@ -536,7 +547,9 @@ func (x *slotStream) watched(schema string) []string {
 	return names
 }
 
-// later schedules another try of a table that could not join.
+// later schedules another try of a table that could not join (err), or
+// does not exist yet (err nil: a tenant not migrated yet, which is
+// logged at info level).
 func (x *slotStream) later(table string, err error) {
 	r := x.retry[table]
 	if r == nil {
@@ -546,15 +559,24 @@ func (x *slotStream) later(table string, err error) {
 		r.wait = min(2*r.wait, retryMax)
 	}
 	r.at = time.Now().Add(r.wait)
-	x.log("a tenant's table cannot join the doorbell's publication; tried again later", err, "table", table, "retry_in", r.wait)
+	fields := x.fields("table", table, "retry_in", r.wait)
+	if err == nil {
+		x.w.Logger.Info("pgfleet: slot doorbell: a tenant's table does not exist (yet); tried again later", fields)
+		return
+	}
+	x.w.Logger.Error("pgfleet: slot doorbell: a tenant's table cannot join the doorbell's publication; tried again later", err, fields)
 }
 
 func (x *slotStream) log(msg string, err error, kv ...any) {
+	x.w.Logger.Error("pgfleet: slot doorbell: "+msg, err, x.fields(kv...))
+}
+
+func (x *slotStream) fields(kv ...any) watermill.LogFields {
 	fields := watermill.LogFields{"database": x.db, "publication": x.name}
 	for i := 0; i+1 < len(kv); i += 2 {
 		fields[fmt.Sprint(kv[i])] = kv[i+1]
 	}
-	x.w.Logger.Error("pgfleet: slot doorbell: "+msg, err, fields)
+	return fields
 }
 
 // execSimple executes sql (one statement or several, simple protocol, as
