@@ -439,8 +439,9 @@ func TestFleetPostgresStatDoorbell(t *testing.T) {
 // tenants that are schemas of one database: a gap when its stream starts,
 // rings for commits into a tenant's outbox and scheduled table, a tenant
 // added at run time rung when its tables joined the publication and for
-// its commits, a tenant removed leaving the publication, a publication a
-// dead process left behind dropped, and nothing left once it stops.
+// its commits, also when its tables were created after it was added, a
+// tenant removed leaving the publication, a publication a dead process
+// left behind dropped, and nothing left once it stops.
 func TestFleetPostgresSlotDoorbell(t *testing.T) {
 	admin := testenv.Postgres(t)
 	db := pgxv5.WrapPool(admin)
@@ -513,7 +514,20 @@ func TestFleetPostgresSlotDoorbell(t *testing.T) {
 	committed = fleetPublish(t, db, dc, fleetMessage(time.Time{}))
 	t.Logf("slot doorbell: ring %v after the commit of a tenant added", w.ring(t, "c").Sub(committed).Round(time.Millisecond))
 
-	w.setTenants(a, c)
+	// A tenant whose tables do not exist yet (the fleet migrates a new
+	// tenant on first sight) joins once they do.
+	d := fleet.Tenant{ID: "d", Schema: testenv.PostgresSchema(t, admin)}
+	w.setTenants(a, b, c, d)
+	time.Sleep(300 * time.Millisecond) // several looks at the tenants
+	dd := postgres.MustNew(postgres.Options{WithoutInbox: true, Schema: d.Schema})
+	if err := sqladapters.Migrate(ctx, db, dd); err != nil {
+		t.Fatal(err)
+	}
+	w.ring(t, "d")
+	committed = fleetPublish(t, db, dd, fleetMessage(time.Time{}))
+	t.Logf("slot doorbell: ring %v after the commit of a tenant migrated while watched", w.ring(t, "d").Sub(committed).Round(time.Millisecond))
+
+	w.setTenants(a, c, d)
 	for deadline := time.Now().Add(fleetWait); ; time.Sleep(20 * time.Millisecond) {
 		got := pubTables(pub)
 		if !slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, b.Schema+".") }) {
