@@ -49,6 +49,25 @@
 // lock named after the outbox, so a key's delayed messages reach the
 // outbox, and the destination, in due order.
 //
+// # Statistics for a fleet
+//
+// A fleet of forwarders serving many tenant databases (forwarder/fleet)
+// learns that a tenant wrote from the database's insert counter,
+// pg_stat_database.tup_inserted, rather than by keeping a connection to
+// every tenant. A session reports its statistics when it goes idle, but
+// at most once a second: a transaction that commits less than a second
+// after the session's previous report, and is followed by no other for
+// 10 s, is counted 10 s late (PGSTAT_IDLE_INTERVAL; up to 60 s under lock
+// contention), and the fleet forwards its messages that late.
+// Options.FlushStats closes that hole: the insert calls
+// pg_stat_force_next_flush() (PostgreSQL 15 and later, callable by any
+// role), so the session reports at the end of the transaction, before
+// the commit returns. Each publishing transaction then pays a
+// synchronous write of its statistics into shared memory: with 8
+// concurrent writers each committing a business row and an outbox row, a
+// 2-core machine committed 7–21 % fewer transactions per second. Leave it
+// off unless a fleet's stat doorbell watches the database.
+//
 // # Behind PgBouncer
 //
 // Every statement runs in a transaction of its own or of the caller's,

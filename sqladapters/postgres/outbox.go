@@ -26,6 +26,11 @@ const (
 	savepoint = `millbox_publish`
 )
 
+// flushStats is the condition that asks the session to report its
+// statistics when its transaction ends (Options.FlushStats); the function
+// returns void, which is not null.
+const flushStats = `(SELECT pg_stat_force_next_flush()) IS NOT NULL`
+
 // InsertOutbox inserts msgs with one multi-row INSERT per 5,000 messages,
 // or per insertBudget bytes when the messages are large. With
 // notifications on, the last statement also calls pg_notify in the same
@@ -106,6 +111,10 @@ func (d *sqlDialect) insertChunk(msgs []sqladapters.OutboxMessage, notify bool) 
 		args = append(args, m.Topic, m.UUID, m.Payload, string(m.Metadata), key, m.KeyHash)
 	}
 	b.WriteString(") v WHERE pg_current_xact_id() IS NOT NULL")
+	if d.opts.FlushStats {
+		// An InitPlan, run once, after the transaction id is taken.
+		b.WriteString(" AND " + flushStats)
+	}
 	if notify {
 		args = append(args, d.channel)
 		b.WriteString(") SELECT pg_notify($")

@@ -55,6 +55,19 @@ type Options struct {
 	// notified, which costs far more under concurrent writers than the
 	// milliseconds it saves.
 	Notify bool
+	// FlushStats makes every insert of a Publish call (into the outbox
+	// and into the scheduled table) also call pg_stat_force_next_flush(),
+	// so that the writing session reports its statistics as its
+	// transaction ends. A fleet's stat doorbell watches the database's
+	// insert counter in pg_stat_database, which a session otherwise
+	// updates up to 10 s late (60 s under lock contention) when it
+	// commits less than a second after its previous report and then
+	// idles, as a request that reads, writes and returns does. Every
+	// publishing transaction pays for the report; see "Statistics for a
+	// fleet" in the package documentation. It needs PostgreSQL 15 or
+	// later: on earlier servers the insert fails, the function does not
+	// exist. Defaults to false.
+	FlushStats bool
 	// Partitioned, when set, makes the migrations create the outbox as a
 	// table partitioned by creation time, whose retention drops whole
 	// partitions; see PartitionOptions and MaintainPartitions. It applies

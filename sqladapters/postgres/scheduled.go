@@ -65,7 +65,11 @@ func (d *sqlDialect) scheduledChunk(msgs []sqladapters.OutboxMessage) sqladapter
 	args := make([]any, 0, len(msgs)*len(scheduledTypes))
 	b.WriteString("INSERT INTO ")
 	b.WriteString(d.scheduled)
-	b.WriteString(" (topic, uuid, payload, metadata, key, key_hash, due_at) VALUES ")
+	b.WriteString(" (topic, uuid, payload, metadata, key, key_hash, due_at) ")
+	if d.opts.FlushStats {
+		b.WriteString("SELECT * FROM (")
+	}
+	b.WriteString("VALUES ")
 	for i, m := range msgs {
 		if i > 0 {
 			b.WriteByte(',')
@@ -87,6 +91,11 @@ func (d *sqlDialect) scheduledChunk(msgs []sqladapters.OutboxMessage) sqladapter
 			key = m.Key
 		}
 		args = append(args, m.Topic, m.UUID, m.Payload, string(m.Metadata), key, m.KeyHash, m.DueAt.UTC())
+	}
+	if d.opts.FlushStats {
+		// The VALUES columns carry their types, so the subquery keeps
+		// them; identity values still follow the VALUES order.
+		b.WriteString(") v WHERE " + flushStats)
 	}
 	return sqladapters.Query{SQL: b.String(), Args: args}
 }

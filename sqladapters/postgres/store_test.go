@@ -25,7 +25,8 @@ import (
 
 // TestStore runs the store contract's suite on PostgreSQL through every
 // adapter: pgx (whose BeginExec records an inbox message in one round
-// trip), on the plain and the partitioned layout; database/sql with pgx's
+// trip), on the plain and the partitioned layout, both with the inserts
+// that flush statistics (Options.FlushStats); database/sql with pgx's
 // driver and with lib/pq; and the watermill-sql wrappers that are not
 // unwrapped to pgx or database/sql.
 func TestStore(t *testing.T) {
@@ -36,7 +37,7 @@ func TestStore(t *testing.T) {
 		pool := pgtest.Pool(t)
 		storetest.Run(t, storetest.Setup{
 			DB:    pgxv5.WrapPool(pool),
-			New:   fresh(pool, postgres.Options{Notify: true}),
+			New:   fresh(pool, postgres.Options{Notify: true, FlushStats: true}),
 			InUse: func() int { return int(pool.Stat().AcquiredConns()) },
 		})
 	})
@@ -44,7 +45,7 @@ func TestStore(t *testing.T) {
 		pool := pgtest.Pool(t)
 		storetest.Run(t, storetest.Setup{
 			DB:    pgxv5.WrapPool(pool),
-			New:   fresh(pool, postgres.Options{Partitioned: &postgres.PartitionOptions{}}),
+			New:   fresh(pool, postgres.Options{Partitioned: &postgres.PartitionOptions{}, FlushStats: true}),
 			InUse: func() int { return int(pool.Stat().AcquiredConns()) },
 		})
 	})
