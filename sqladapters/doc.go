@@ -63,6 +63,19 @@
 // plain identifiers ([A-Za-z_][A-Za-z0-9_]*), are quoted, and anything
 // else is refused with ErrInvalidName.
 //
+// # A fleet's control tables
+//
+// A forwarder fleet serves many tenant outboxes with a few instances. Its
+// catalog of tenants and the leases through which the instances share
+// them live in a database the application already runs, behind a second,
+// smaller contract: FleetStore (postgres.NewFleet, mysql.NewFleet,
+// sqlite.NewFleet). An instance renews one member row; a tenant belongs
+// to the instance that claimed it while that row is live, so the cost of
+// the leases does not grow with the tenants. MigrateFleet creates the
+// tables, as Migrate does an outbox's, and each store's MigrationScript
+// renders them for migration tools. One conformance suite runs it on
+// every database and driver.
+//
 // A transaction travels to the outbox publisher and to inbox handlers through
 // a context.Context: see WithTx and TxFromContext.
 package sqladapters

@@ -50,9 +50,17 @@ type MissingTableError struct {
 	Dialect string
 	// Err is the driver's error, which names the table.
 	Err error
+	// Fleet tells that the table is one of a forwarder fleet's control
+	// tables (FleetStore), which MigrateFleet creates.
+	Fleet bool
 }
 
 func (e *MissingTableError) Error() string {
+	if e.Fleet {
+		return fmt.Sprintf("millbox: %s: a control table of the fleet does not exist (%v); create the tables with "+
+			"sqladapters.MigrateFleet(ctx, db, store), or apply the SQL of the store's MigrationScript() "+
+			"with your migration tool", e.Dialect, e.Err)
+	}
 	return fmt.Sprintf("millbox: %s: a millbox table does not exist (%v); create the tables with "+
 		"sqladapters.Migrate(ctx, db, dialect), or apply the SQL of sqladapters.MigrationSQL(dialect) "+
 		"with your migration tool", e.Dialect, e.Err)

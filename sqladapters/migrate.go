@@ -20,9 +20,35 @@ func Migrate(ctx context.Context, db DB, d Dialect) error {
 	if d == nil {
 		return errors.New("millbox: Migrate: nil Dialect")
 	}
+	return migrateRetrying(ctx, db, d.ClassifyError, func(tx Tx) error { return migrate(ctx, tx, d) })
+}
+
+// MigrateFleet brings the control tables of a forwarder fleet described
+// by s up to the latest version, as Migrate does for an outbox: safe from
+// many processes at once, versions applied once, statements committed one
+// by one on MySQL.
+func MigrateFleet(ctx context.Context, db DB, s FleetStore) error {
+	if db == nil {
+		return errors.New("millbox: MigrateFleet: nil DB")
+	}
+	if s == nil {
+		return errors.New("millbox: MigrateFleet: nil FleetStore")
+	}
+	return migrateRetrying(ctx, db, s.ClassifyError, func(tx Tx) error {
+		if err := s.Migrate(ctx, tx, s.Migrations()); err != nil {
+			return fmt.Errorf("millbox: fleet: %w", err)
+		}
+		return nil
+	})
+}
+
+// migrateRetrying runs migrate in transactions of its own until it
+// succeeds, fails with anything but a duplicate key, or ran
+// migrateAttempts times (see migrateOnce).
+func migrateRetrying(ctx context.Context, db DB, classify func(error) error, migrate func(Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		err := migrateOnce(ctx, db, d)
-		if err == nil || attempt == migrateAttempts || !errors.Is(d.ClassifyError(err), ErrDuplicate) {
+		err := migrateOnce(ctx, db, migrate)
+		if err == nil || attempt == migrateAttempts || !errors.Is(classify(err), ErrDuplicate) {
 			return err
 		}
 	}
@@ -39,12 +65,12 @@ const migrateAttempts = 3
 // (its catalog cache is refreshed when a transaction starts or a table is
 // locked, not when an advisory lock is granted), and then fails with a
 // duplicate key creating it again. The next attempt sees the schema.
-func migrateOnce(ctx context.Context, db DB, d Dialect) error {
+func migrateOnce(ctx context.Context, db DB, migrate func(Tx) error) error {
 	tx, err := db.Begin(ctx, sql.TxOptions{})
 	if err != nil {
 		return fmt.Errorf("millbox: begin migration: %w", err)
 	}
-	if err := migrate(ctx, tx, d); err != nil {
+	if err := migrate(tx); err != nil {
 		Rollback(tx)
 		return err
 	}

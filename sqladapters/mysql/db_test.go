@@ -55,6 +55,31 @@ func TestStore(t *testing.T) {
 	}
 }
 
+// TestFleetStore runs the fleet store's suite with both protocols, and
+// with both claim variants where the server has SKIP LOCKED.
+func TestFleetStore(t *testing.T) {
+	skip, err := mysql.DetectSkipLocked(dialecttest.Ctx(t, time.Minute), stdsql.WrapDB(mysqltest.DB(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		proto string
+		opts  mysql.FleetOptions
+	}{
+		{"prepared", mysql.FleetOptions{}},
+		{"interpolate", mysql.FleetOptions{SkipLocked: skip}},
+	} {
+		t.Run(fmt.Sprintf("%s/SkipLocked=%v", c.proto, c.opts.SkipLocked), func(t *testing.T) {
+			raw := mysqltest.Open(t, dsnVariants(t)[c.proto])
+			storetest.RunFleet(t, storetest.FleetSetup{
+				DB:    stdsql.WrapDB(raw),
+				New:   func(t *testing.T) sqladapters.FleetStore { return mysqltest.FreshFleet(t, raw, c.opts) },
+				InUse: func() int { return raw.Stats().InUse },
+			})
+		})
+	}
+}
+
 // TestMySQLValuesOnServer checks what MySQL stores differently from the
 // other databases: a nil payload and metadata, metadata kept byte for byte,
 // an error that is not UTF-8, and times in UTC.

@@ -109,4 +109,14 @@
 // Inbox keys, lease owners and member names are VARBINARY, compared byte
 // by byte. A value longer than its column (255 bytes, 512 for message ids)
 // is stored as its SHA-256, never truncated.
+//
+// # Fleet control tables
+//
+// NewFleet returns the control tables of a forwarder fleet
+// (sqladapters.FleetStore) in a database of the server. Claims pick
+// tenants with SELECT ... FOR UPDATE (SKIP LOCKED with
+// FleetOptions.SkipLocked, on MySQL 8.0.1+ and MariaDB 10.6+), take them
+// with an UPDATE that checks them again, and read them back. Transactions
+// that InnoDB rolls back for a deadlock (concurrent puts of new tenants
+// take gap locks) run again, up to five times.
 package mysql

@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/millbox/millbox/sqladapters"
 )
@@ -304,17 +305,24 @@ const lockName = `CONCAT('millbox_migrate_', SHA1(CONCAT(COALESCE(?, DATABASE(),
 // one release frees it.
 func (d *sqlDialect) LockMigrations() (lock, unlock sqladapters.Query) {
 	db, table := d.lockArgs()
-	secs := int64(math.Ceil(d.opts.MigrationLockTimeout.Seconds()))
+	return migrationLock(db, table, d.opts.MigrationLockTimeout)
+}
+
+// migrationLock returns the statements taking and releasing the named
+// lock of lockName for db (nil for the connection's database) and name,
+// waiting at most timeout (see LockMigrations).
+func migrationLock(db any, name string, timeout time.Duration) (lock, unlock sqladapters.Query) {
+	secs := int64(math.Ceil(timeout.Seconds()))
 	if secs < 1 {
 		secs = 1
 	}
 	return sqladapters.Query{
 			SQL: `SET @millbox_migration_lock = 9223372036854775807 + IF(IF(IS_USED_LOCK(` + lockName + `) <=> CONNECTION_ID(), 1, GET_LOCK(` + lockName + `, ?)) = 1, 0,
 	LENGTH('millbox: another migrator holds the migration lock, gave up waiting after MigrationLockTimeout'))`,
-			Args: []any{db, table, db, table, secs},
+			Args: []any{db, name, db, name, secs},
 		}, sqladapters.Query{
 			SQL:  `SET @millbox_migration_lock = RELEASE_LOCK(` + lockName + `)`,
-			Args: []any{db, table},
+			Args: []any{db, name},
 		}
 }
 

@@ -267,4 +267,16 @@
 //
 // The integration/bench program of the repository measures all of this
 // (its backlog and inbox-clean cases); its README holds the results.
+//
+// # Fleet control tables
+//
+// NewFleet returns the control tables of a forwarder fleet
+// (sqladapters.FleetStore): <prefix>_members, _tenants, _version and
+// _migrations, in any schema of a database the application runs. Claims
+// pick tenants with FOR UPDATE SKIP LOCKED and take them in a second
+// statement, which sees every commit made before the picked rows were
+// locked; a claim first deletes the expired member rows, waiting for a
+// renewal of one under way. At steady state an instance runs one UPDATE
+// of its member row per renewal, and reads the live members and the
+// catalog version, one row each.
 package postgres

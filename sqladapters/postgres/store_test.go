@@ -94,6 +94,50 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// TestFleetStore runs the fleet store's suite on PostgreSQL through every
+// adapter the store suite runs on.
+func TestFleetStore(t *testing.T) {
+	fresh := func(pool *pgxpool.Pool) func(*testing.T) sqladapters.FleetStore {
+		return func(t *testing.T) sqladapters.FleetStore { return pgtest.FreshFleet(t, pool, postgres.FleetOptions{}) }
+	}
+	t.Run("pgx", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		storetest.RunFleet(t, storetest.FleetSetup{
+			DB:    pgxv5.WrapPool(pool),
+			New:   fresh(pool),
+			InUse: func() int { return int(pool.Stat().AcquiredConns()) },
+		})
+	})
+	for _, driver := range []string{"pgx", "postgres"} {
+		t.Run("stdsql/"+driver, func(t *testing.T) {
+			pool := pgtest.Pool(t)
+			db := openStd(t, driver)
+			storetest.RunFleet(t, storetest.FleetSetup{
+				DB:    stdsql.WrapDB(db),
+				New:   fresh(pool),
+				InUse: func() int { return db.Stats().InUse },
+			})
+		})
+	}
+	t.Run("wmsql/pgx", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		storetest.RunFleet(t, storetest.FleetSetup{
+			DB:    wmsql.WrapBeginner(wsql.BeginnerFromPgx(pgxConn{pool})),
+			New:   fresh(pool),
+			InUse: func() int { return int(pool.Stat().AcquiredConns()) },
+		})
+	})
+	t.Run("wmsql/stdsql", func(t *testing.T) {
+		pool := pgtest.Pool(t)
+		std := openStd(t, "pgx")
+		storetest.RunFleet(t, storetest.FleetSetup{
+			DB:    wmsql.WrapBeginner(wsql.BeginnerFromStdSQL(stdBeginner{std})),
+			New:   fresh(pool),
+			InUse: func() int { return std.Stats().InUse },
+		})
+	})
+}
+
 // openStd opens the test server through database/sql with driver: "pgx"
 // or lib/pq's "postgres".
 func openStd(t *testing.T, driver string) *sql.DB {

@@ -71,4 +71,11 @@
 //
 // Tables live in the main database. Attached databases are not supported:
 // ATTACH is per connection, so every pooled connection would need it.
+//
+// # Fleet control tables
+//
+// NewFleet returns the control tables of a forwarder fleet
+// (sqladapters.FleetStore), for tests and fleets in one process. Claims
+// take turns on SQLite's write lock; every transaction of the store
+// writes first, so it works with deferred transactions too.
 package sqlite

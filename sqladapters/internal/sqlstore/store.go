@@ -80,69 +80,22 @@ func (s *Store) Migrations() []sqladapters.Migration { return s.b.Migrations() }
 
 // MigrationScript implements sqladapters.Dialect.
 func (s *Store) MigrationScript() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "-- millbox schema for %s: outbox %s, inbox %s\n-- %s\n\n", s.b.Name(), s.b.OutboxTable(), s.b.InboxTable(), s.b.ScriptNote())
-	for _, q := range s.b.CreateSchema() {
-		b.WriteString(q.SQL + ";\n\n")
-	}
-	b.WriteString(sqladapters.MigrationSQL(s))
-	return b.String()
+	title := fmt.Sprintf("millbox schema for %s: outbox %s, inbox %s", s.b.Name(), s.b.OutboxTable(), s.b.InboxTable())
+	return migrationScript(title, s.b.ScriptNote(), s.b.CreateSchema(), s.b.Name(), s.b.Migrations())
 }
 
 // Migrate implements sqladapters.Dialect.
-func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sqladapters.Migration) (err error) {
-	lock, unlock := s.b.LockMigrations()
-	if lock.SQL != "" {
-		if _, err := lock.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("take migration lock: %w", err)
+func (s *Store) Migrate(ctx context.Context, tx sqladapters.Tx, migrations []sqladapters.Migration) error {
+	fb := s.b.FingerprintBackfill()
+	return runMigrations(ctx, tx, s.b, migrations, func(m sqladapters.Migration) error {
+		if fb == nil || m.Version != fb.FingerprintVersion() {
+			return nil
 		}
-		if unlock.SQL != "" {
-			// A lock that outlives the transaction (MySQL's GET_LOCK
-			// belongs to the connection) must be released on failure too,
-			// or the pooled connection keeps it and blocks every later
-			// migrator.
-			defer func() {
-				if err != nil {
-					uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-					defer cancel()
-					_, _ = unlock.Exec(uctx, tx)
-				}
-			}()
+		if err := s.backfillFingerprints(ctx, tx, fb); err != nil {
+			return fmt.Errorf("migration %d (%s): fingerprint recorded errors: %w", m.Version, m.Name, err)
 		}
-	}
-	for _, q := range s.b.CreateMigrationsTable() {
-		if _, err := q.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("create migrations table: %w", err)
-		}
-	}
-	applied := map[int]bool{}
-	if err := scanApplied(ctx, tx, s.b.AppliedMigrations(), applied); err != nil {
-		return fmt.Errorf("read applied migrations: %w", err)
-	}
-	for _, m := range migrations {
-		if applied[m.Version] {
-			continue
-		}
-		for _, stmt := range m.Statements {
-			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return fmt.Errorf("migration %d (%s): %w", m.Version, m.Name, err)
-			}
-		}
-		if fb := s.b.FingerprintBackfill(); fb != nil && m.Version == fb.FingerprintVersion() {
-			if err := s.backfillFingerprints(ctx, tx, fb); err != nil {
-				return fmt.Errorf("migration %d (%s): fingerprint recorded errors: %w", m.Version, m.Name, err)
-			}
-		}
-		if _, err := s.b.RecordMigration(m.Version, m.Name).Exec(ctx, tx); err != nil {
-			return fmt.Errorf("record migration %d: %w", m.Version, err)
-		}
-	}
-	if unlock.SQL != "" {
-		if _, err := unlock.Exec(ctx, tx); err != nil {
-			return fmt.Errorf("release migration lock: %w", err)
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // backfillFingerprints stores the fingerprint of every recorded error
@@ -178,33 +131,8 @@ func (s *Store) backfillFingerprints(ctx context.Context, tx sqladapters.Tx, fb 
 
 // AppliedMigrations implements sqladapters.Dialect.
 func (s *Store) AppliedMigrations(ctx context.Context, e sqladapters.Executor) ([]int, error) {
-	applied := map[int]bool{}
-	if err := scanApplied(ctx, e, s.b.AppliedMigrations(), applied); err != nil {
-		return nil, s.ClassifyError(err)
-	}
-	out := make([]int, 0, len(applied))
-	for v := range applied {
-		out = append(out, v)
-	}
-	slices.Sort(out)
-	return out, nil
-}
-
-// scanApplied reads the applied versions into applied.
-func scanApplied(ctx context.Context, e sqladapters.Executor, q sqladapters.Query, applied map[int]bool) error {
-	rows, err := q.Query(ctx, e)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			return err
-		}
-		applied[v] = true
-	}
-	return rows.Err()
+	out, err := appliedMigrations(ctx, e, s.b)
+	return out, s.ClassifyError(err)
 }
 
 // MaxMessageBytes implements sqladapters.Dialect.

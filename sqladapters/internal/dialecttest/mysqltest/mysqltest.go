@@ -102,3 +102,25 @@ func Fresh(t testing.TB, db *sql.DB, opts mysql.Options) *mysql.Dialect {
 	}
 	return d
 }
+
+// FreshFleet returns a fleet store whose tables have a fresh prefix, not
+// migrated; the tables, if anything creates them, are dropped after the
+// test.
+func FreshFleet(t testing.TB, db *sql.DB, opts mysql.FleetOptions) *mysql.Fleet {
+	t.Helper()
+	opts.Prefix = dialecttest.UniqueName("f_")
+	f, err := mysql.NewFleet(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, table := range f.Tables() {
+			if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS `+table); err != nil {
+				t.Logf("drop table %s: %v", table, err)
+			}
+		}
+	})
+	return f
+}

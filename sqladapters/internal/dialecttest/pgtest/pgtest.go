@@ -93,3 +93,22 @@ func Fresh(t testing.TB, pool *pgxpool.Pool, opts postgres.Options) *postgres.Di
 	}
 	return d
 }
+
+// FreshFleet returns a fleet store in a fresh schema, not migrated; the
+// schema, if anything creates it, is dropped through pool after the test.
+func FreshFleet(t testing.TB, pool *pgxpool.Pool, opts postgres.FleetOptions) *postgres.Fleet {
+	t.Helper()
+	opts.Schema = dialecttest.UniqueName("f_")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS "`+opts.Schema+`" CASCADE`); err != nil && !strings.Contains(err.Error(), "closed pool") {
+			t.Logf("drop schema %s: %v", opts.Schema, err)
+		}
+	})
+	f, err := postgres.NewFleet(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
