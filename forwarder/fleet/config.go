@@ -41,7 +41,7 @@ type Config struct {
 	// Store is the control tables' store: postgres.NewFleet,
 	// mysql.NewFleet or sqlite.NewFleet. Create its tables with
 	// sqladapters.MigrateFleet. Required.
-	Store Store
+	Store sqladapters.FleetStore
 	// Servers are the database servers tenants live on, by the name a
 	// Tenant's Server gives: pgfleet.NewServer, mysqlfleet.NewServer.
 	// Required.
