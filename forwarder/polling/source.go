@@ -517,9 +517,7 @@ func (p *poller) onRead(res readResult) {
 		return
 	}
 	p.env.Read(len(res.rows))
-	if p.readRetry.Failing() {
-		p.env.Database(nil)
-	}
+	p.env.Database(nil) // also clears what a failed look of the watch noted
 	p.readRetry.Reset()
 	p.prevFull = res.full
 	if res.head {
