@@ -130,7 +130,17 @@ func AMQPPublisher(t testing.TB) *amqp3.Publisher {
 	if err != nil {
 		t.Fatalf("amqp v3 publisher: %v", err)
 	}
-	t.Cleanup(func() { _ = p.Close() })
+	t.Cleanup(func() {
+		// watermill-amqp v3.1.0 panics in Close when a pooled channel
+		// failed to reopen during a broker outage (a nil *amqp.Channel):
+		// the test's assertions are done by then.
+		defer func() {
+			if r := recover(); r != nil {
+				t.Logf("closing the watermill-amqp v3 publisher panicked: %v", r)
+			}
+		}()
+		_ = p.Close()
+	})
 	return p
 }
 
