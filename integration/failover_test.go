@@ -25,6 +25,21 @@ import (
 // fails the test on anything the scenario finds wrong, but the messages
 // of publishers without a table that committed before the primary went
 // away (the lost slot's), which it returns.
+// failoverSlots bounds the failover tests that run at once: each starts a
+// pair of PostgreSQL servers and a steady load, and eleven at once on two
+// cores starve the package's other parallel tests (whose waits are
+// bounded) of the CPU.
+var failoverSlots = make(chan struct{}, 2)
+
+// failoverSlot runs t in parallel with the others, two failover tests at
+// a time.
+func failoverSlot(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	failoverSlots <- struct{}{}
+	t.Cleanup(func() { <-failoverSlots })
+}
+
 func runFailover(t *testing.T, s failover.Scenario) failover.Result {
 	t.Helper()
 	s = s.WithDefaults()
@@ -64,7 +79,7 @@ func runFailover(t *testing.T, s failover.Scenario) failover.Result {
 // every message the application saw commit arrives, in per-key order, and
 // the forwarder, never restarted, resumes on the new primary.
 func TestFailoverPolling(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	runFailover(t, failover.Scenario{Mode: failover.Polling})
 }
 
@@ -72,7 +87,7 @@ func TestFailoverPolling(t *testing.T) {
 // database/sql (pgx's stdlib driver), whose pool keeps and drops
 // connections its own way.
 func TestFailoverPollingDatabaseSQL(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	runFailover(t, failover.Scenario{Mode: failover.Polling, Driver: failover.StdSQL})
 }
 
@@ -81,14 +96,14 @@ func TestFailoverPollingDatabaseSQL(t *testing.T) {
 // the forwarder's and the publishers' pools drop the connections whose
 // writes fail with SQLSTATE 25006, and new ones find the new primary.
 func TestFailoverPollingFenced(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	runFailover(t, failover.Scenario{Mode: failover.Polling, Ending: failover.Fence})
 }
 
 // TestFailoverPollingFencedDatabaseSQL is TestFailoverPollingFenced
 // through database/sql.
 func TestFailoverPollingFencedDatabaseSQL(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	runFailover(t, failover.Scenario{Mode: failover.Polling, Ending: failover.Fence, Driver: failover.StdSQL})
 }
 
@@ -98,7 +113,7 @@ func TestFailoverPollingFencedDatabaseSQL(t *testing.T) {
 // never restarted, recreates the slot (CreateIfMissing) and delivers from
 // the table every row the lost slot had not confirmed.
 func TestFailoverCDC(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	res := runFailover(t, failover.Scenario{Mode: failover.CDC, DestinationDelay: lag})
 	if res.Backlog == 0 {
 		t.Fatal("the forwarder had nothing left to deliver when the primary died: the scenario did not test a backlog")
@@ -118,7 +133,7 @@ const lag = 30 * time.Millisecond
 // promotion arrives. Messages committed before the failover that the
 // lost slot had not delivered are lost, as the package doc says.
 func TestFailoverWithoutTable(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	var lost atomic.Pointer[cdc.SlotLostError]
 	res := runFailover(t, failover.Scenario{Mode: failover.WithoutTable, DestinationDelay: lag, Errors: func(err error) {
 		if sl := (*cdc.SlotLostError)(nil); errors.As(err, &sl) {
@@ -145,7 +160,7 @@ func TestFailoverWithoutTable(t *testing.T) {
 // previous call: the slot is looked for by the statement that writes. A
 // forwarder started afterwards delivers them from the table.
 func TestEmitWithoutSlotWritesTheTable(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	pair := testenv.StartPostgresPair(t, testenv.PostgresPairConfig{})
 	ctx := testenv.Ctx(t, time.Minute)
 	pool, err := pgxpool.New(ctx, pair.URL())
@@ -215,7 +230,7 @@ func TestEmitWithoutSlotWritesTheTable(t *testing.T) {
 // standby once it replayed everything, as a planned switchover does:
 // nothing is lost, in per-key order, without a restart.
 func TestSwitchoverPolling(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	runFailover(t, failover.Scenario{Mode: failover.Polling, Ending: failover.Switchover})
 }
 
@@ -223,14 +238,14 @@ func TestSwitchoverPolling(t *testing.T) {
 // source: the slot stays on the old primary, the forwarder creates it on
 // the new one and reads the rows it had not confirmed from the table.
 func TestSwitchoverCDC(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	runFailover(t, failover.Scenario{Mode: failover.CDC, Ending: failover.Switchover})
 }
 
 // TestSwitchoverWithoutTable is TestSwitchoverCDC with publishers
 // without a table.
 func TestSwitchoverWithoutTable(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	runFailover(t, failover.Scenario{Mode: failover.WithoutTable, Ending: failover.Switchover})
 }
 
@@ -241,7 +256,7 @@ func TestSwitchoverWithoutTable(t *testing.T) {
 // (synchronous replication: the commit it saw is on the standby) and
 // acks it without running the handler again.
 func TestFailoverInbox(t *testing.T) {
-	t.Parallel()
+	failoverSlot(t)
 	pair := testenv.StartPostgresPair(t, testenv.PostgresPairConfig{})
 	b := inboxRabbit(t)
 	ctx := testenv.Ctx(t, time.Minute)
