@@ -103,6 +103,11 @@ var (
 	ErrEmitNoSlot = errors.New("millbox: no logical replication slot in the database")
 )
 
+// EmitCountSuffix ends the prefix of the logical decoding message that
+// carries a call's number from the count of calls without a table, next
+// to the call's records (prefix EmitPrefix and the outbox's oid).
+const EmitCountSuffix = "_n"
+
 // EmitRecord is one record of the outbox without a table for
 // Logical.Emit: its encoded messages, and how many ids to append.
 type EmitRecord struct {
@@ -172,6 +177,12 @@ type SlotState struct {
 type StreamMark struct {
 	LSN  uint64
 	XMin uint64
+	// Emits is the last number drawn from the count of calls of
+	// publishers without a table: 0 when none was, -1 when the count
+	// does not exist (a schema before migration 9). A stream that has
+	// decoded a call of that number (EmitCountSuffix) has every such call
+	// that may have committed before the statement.
+	Emits int64
 }
 
 // StreamKey is an ordering key, or (Keyed false) rows without one.

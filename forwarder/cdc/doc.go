@@ -69,7 +69,16 @@
 //     it, the forwarder holds nothing of it, every row the stream left to
 //     polling for it was visible to that read, and the stream has passed
 //     the WAL position taken in that read: none is skipped and none
-//     published twice.
+//     published twice. Where publishers without a table write, a read of
+//     the handed keys waits, before it publishes, for the stream to pass
+//     its position, so that a key's messages without a table committed
+//     before it go first; it knows whether one may have from the count of
+//     calls without a table (migration 9), which each such call draws a
+//     number from and the stream brings: a read that saw no number the
+//     stream has not brought waits for nothing, so where every publisher
+//     writes into the table no read waits, with no setting to choose.
+//     Upgrade the publishers without a table before the forwarders: a
+//     publisher of an earlier version draws no number.
 //   - Backlogs and restarts. When a reader becomes active, every key with a
 //     pending row in the table, or held by a dead letter, starts handed to
 //     polling (rows written before the slot existed, rows a previous

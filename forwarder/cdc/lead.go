@@ -39,8 +39,11 @@ type streamer struct {
 	confirmed atomic.Uint64 // the slot position the server is told
 	oldest    atomic.Int64  // commit time (unix ns) of the oldest unconfirmed transaction, 0 if none
 
-	sess *session   // the loop's: the active session, nil while standing by
-	hist serverMark // the lead loop's: the server of the last session
+	sess *session // the loop's: the active session, nil while standing by
+	// emits is the highest number of a call without a table the stream
+	// has brought (the loop's).
+	emits int64
+	hist  serverMark // the lead loop's: the server of the last session
 }
 
 // Prepare implements source.Source: the server settings, the role, the

@@ -118,6 +118,7 @@ type session struct {
 	pollAt      time.Time // when the timer makes a read due (zero: none set)
 	pollGen     int
 	pollRetry   retry.Backoff // paces reads of the handed keys after a failed one
+	yield       bool          // a read had the last turn: the stream's transactions go next
 	ended       bool
 
 	abortErr atomic.Pointer[error] // set when the server is shutting down
@@ -175,6 +176,8 @@ func (x *session) onStream(ev pgoutput.Event) {
 		x.handOver(hkeyOf(rq.Key, rq.Keyed), ev.XID)
 	}
 	x.processed = max(x.processed, ev.End)
+	x.s.emits = max(x.s.emits, ev.Emits)
+	x.yield = false
 	if d := x.deferred; d != nil && x.processed >= pglogrepl.LSN(d.mark.LSN) {
 		x.deferred = nil
 		x.handlePoll(*d)
@@ -433,9 +436,21 @@ func (x *session) pollSoon(wait time.Duration) {
 // maybePoll reads the rows of the handed keys when a read is due and the
 // engine grants it. Keys the engine holds back are left out.
 func (x *session) maybePoll() {
-	if x.ended || x.polling || !x.pollDue || len(x.handed) == 0 || x.s.e.Stopping() || !x.s.e.Grant() {
+	if x.ended || x.polling || !x.pollDue || len(x.handed) == 0 || x.s.e.Stopping() {
 		return
 	}
+	if x.yield && len(x.s.feed) > 0 {
+		// The stream and the reads of the handed keys take turns for the
+		// engine's room: while the engine grants rows only now and then
+		// (a call hangs, and none ends), reads of a handed key whose rows
+		// the engine keeps refusing would otherwise take every turn, and
+		// the stream's transactions would wait behind them.
+		return
+	}
+	if !x.s.e.Grant() {
+		return
+	}
+	x.yield = true
 	x.pollDue = false
 	x.polling, x.reading = true, true
 	held := x.s.e.HeldKeys()
@@ -474,15 +489,20 @@ type pollResult struct {
 	err     error
 }
 
-// onPoll takes the result of a read of the handed keys. Where publishers
-// without a table may write (Source.TableOnly unset), it waits until the
-// stream has passed the read's position: every message of a handed key
-// committed before the read has then come through the stream and is being
-// written into the outbox (hidden), and the read's rows of the key after it
-// wait for a read that sees it.
+// onPoll takes the result of a read of the handed keys. Where a call of a
+// publisher without a table may have committed before the read that the
+// stream has not decoded yet (the read saw a number drawn from the count
+// of such calls that the stream has not brought, or the count does not
+// exist), it waits until the stream has passed the read's position: every
+// message of a handed key committed before the read has then come through
+// the stream and is being written into the outbox (hidden), and the read's
+// rows of the key after it wait for a read that sees it. Where every
+// publisher writes into the table, the count never moves and reads never
+// wait.
 func (x *session) onPoll(r pollResult) {
 	x.reading = false
-	if !x.ended && r.err == nil && !x.s.cfg.TableOnly && x.processed < pglogrepl.LSN(r.mark.LSN) {
+	mayWait := r.mark.Emits < 0 || r.mark.Emits > x.s.emits
+	if !x.ended && r.err == nil && mayWait && x.processed < pglogrepl.LSN(r.mark.LSN) {
 		x.deferred = &r
 		return
 	}

@@ -78,16 +78,6 @@ type Source struct {
 	// read while such keys exist; the stream brings every other row.
 	// Defaults to DefaultPollInterval.
 	PollInterval time.Duration
-	// TableOnly tells that every publisher of the outbox writes into its
-	// table (none has forwarder.PublisherConfig.WithoutTable). A read of
-	// the keys handed to polling then takes its rows at once; otherwise it
-	// waits until the stream has passed the read's position, so that a
-	// key's messages without a table committed before the read go out
-	// before its later rows. The wait lasts what the stream takes to catch
-	// up: little while it keeps up, longer for a backlog at start. A
-	// forwarder with TableOnly stops, without confirming it, at a message
-	// of a publisher without a table, and says so. Defaults to false.
-	TableOnly bool
 }
 
 func (s *Source) setDefaults() {
@@ -235,7 +225,7 @@ func preflight(ctx context.Context, env source.Env, lg sqladapters.Logical, src 
 		return st, err
 	}
 	failover := st.SlotFailover || (!st.Slot && st.ServerVersion >= failoverSlots)
-	if st.Standbys > 0 && !failover && !src.TableOnly {
+	if st.Standbys > 0 && !failover {
 		env.Logger.Info("millbox cdc: warning: the server streams to standbys, and the slot does not survive a promotion "+
 			"(before PostgreSQL 17 a slot lives on its server only; from 17 on, only a failover slot, which standbys with sync_replication_slots keep, does): "+
 			"on a failover, messages of publishers without a table that the slot had not confirmed are lost, and the forwarder reports their range. "+

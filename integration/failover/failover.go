@@ -237,7 +237,6 @@ func Run(ctx context.Context, s Scenario) (Result, error) {
 	}
 	if s.Mode != Polling {
 		src := cdc.Source{ConnString: url, Slot: schema, Publication: schema, CreateIfMissing: true, StandbyRetry: 100 * time.Millisecond}
-		src.TableOnly = s.Mode == CDC
 		cfg.Source = src
 	} else {
 		cfg.Source = forwarder.Polling{}

@@ -14,10 +14,21 @@ import (
 
 var _ sqlstore.Logical = (*sqlDialect)(nil)
 
+// emitsSuffix names the sequence counting the calls of publishers without
+// a table (migration 9).
+const emitsSuffix = "_emits"
+
 // markColumns select the WAL position and the oldest running transaction
-// of the statement's snapshot.
-const markColumns = `SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::text AS lsn,
-	pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin`
+// of the statement's snapshot, and the last number drawn from the count
+// of calls without a table: 0 when none was, -1 when the count does not
+// exist (a schema before migration 9).
+func (d *sqlDialect) markColumns() string {
+	emits := quoteLiteral(d.emits)
+	return `SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::text AS lsn,
+	pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
+	CASE WHEN to_regclass(` + emits + `) IS NULL THEN -1
+		ELSE coalesce(pg_sequence_last_value(to_regclass(` + emits + `)), 0) END AS emits`
+}
 
 // LogicalCheck reads what the source needs in one statement. The slot's
 // failover column exists from PostgreSQL 17 on: read through its row as
@@ -99,8 +110,8 @@ func (d *sqlDialect) PendingKeys(holds bool) sqladapters.Query {
 	if holds {
 		keys += ` UNION SELECT true, key FROM ` + d.dead + ` WHERE holds`
 	}
-	return sqladapters.Query{SQL: `WITH s AS (` + markColumns + `)
-SELECT s.lsn, s.xmin, k.keyed, k.key FROM s LEFT JOIN (` + keys + `) k ON true`}
+	return sqladapters.Query{SQL: `WITH s AS (` + d.markColumns() + `)
+SELECT s.lsn, s.xmin, s.emits, k.keyed, k.key FROM s LEFT JOIN (` + keys + `) k ON true`}
 }
 
 // ReadKeys selects the pending rows of the keys in id order, those waiting
@@ -117,8 +128,8 @@ func (d *sqlDialect) ReadKeys(keys []string, unkeyed bool, limit int, holds bool
 	FROM ` + d.dead + ` WHERE holds AND key = ANY($1::text[])`
 	}
 	return sqladapters.Query{
-		SQL: `WITH s AS (` + markColumns + `)
-SELECT s.lsn, s.xmin, o.id, o.topic, o.uuid, o.payload, o.metadata::text, o.key, o.attempts, o.due, o.wait, o.age, o.holds
+		SQL: `WITH s AS (` + d.markColumns() + `)
+SELECT s.lsn, s.xmin, s.emits, o.id, o.topic, o.uuid, o.payload, o.metadata::text, o.key, o.attempts, o.due, o.wait, o.age, o.holds
 FROM s LEFT JOIN LATERAL (
 	SELECT * FROM (` + rows + `) r
 	ORDER BY id LIMIT ` + strconv.Itoa(limit) + `) o ON true`,
@@ -150,8 +161,8 @@ SELECT s.xmin, c.id FROM s LEFT JOIN c ON true`,
 func (d *sqlDialect) EmitCheck() sqladapters.Query {
 	return sqladapters.Query{
 		SQL: `SELECT current_setting('wal_level'), current_setting('server_version_num')::int,
-	'` + sqladapters.EmitPrefix + `' || to_regclass($1)::oid::text, pg_get_serial_sequence($1, 'id')`,
-		Args: []any{d.outbox},
+	'` + sqladapters.EmitPrefix + `' || to_regclass($1)::oid::text, pg_get_serial_sequence($1, 'id'), to_regclass($2)::text`,
+		Args: []any{d.outbox, d.emits},
 	}
 }
 
@@ -167,18 +178,27 @@ const emitSlot = `EXISTS (SELECT 1 FROM pg_replication_slots
 
 // EmitRecord writes r as a transactional logical decoding message of
 // prefix with the ids of its messages appended: drawn from sequence in
-// order, each as 8 bytes big-endian (int8send); only where emitSlot holds,
+// order, each as 8 bytes big-endian (int8send), and, where emits names
+// the count of calls, a message of prefix and EmitCountSuffix with a
+// number drawn from it; only where emitSlot holds,
 // which it reads as it writes, in the caller's transaction: a row when it
 // wrote r, none when it did not (and drew no id).
-func (d *sqlDialect) EmitRecord(prefix, sequence string, r sqladapters.EmitRecord) sqladapters.Query {
+func (d *sqlDialect) EmitRecord(prefix, sequence, emits string, r sqladapters.EmitRecord) sqladapters.Query {
 	ids := `(SELECT string_agg(int8send(nextval($3::regclass)), ''::bytea ORDER BY g) FROM generate_series(1, $4::int) g)`
 	args := []any{prefix, r.Content, sequence, r.Messages}
 	if r.Messages == 1 {
 		ids, args = `int8send(nextval($3::regclass))`, args[:3]
 	}
+	count := ""
+	if emits != "" {
+		// The call's number, in a message of its own that forwarders of
+		// earlier versions, which read only prefix, pass over.
+		args = append(args, emits)
+		count = fmt.Sprintf(`, pg_logical_emit_message(true, $1::text || '`+sqladapters.EmitCountSuffix+`', int8send(nextval($%d::regclass)))`, len(args))
+	}
 	args = append(args, r.Slot)
 	return sqladapters.Query{
-		SQL:  `SELECT pg_logical_emit_message(true, $1::text, $2::bytea || ` + ids + `) WHERE ` + fmt.Sprintf(emitSlot, len(args), len(args)),
+		SQL:  `SELECT pg_logical_emit_message(true, $1::text, $2::bytea || ` + ids + `)` + count + ` WHERE ` + fmt.Sprintf(emitSlot, len(args), len(args)),
 		Args: args,
 	}
 }
@@ -290,3 +310,6 @@ func (d *sqlDialect) IsDuplicateObject(err error) bool {
 	s := sqlState(err)
 	return s == "42710" || s == "23505"
 }
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

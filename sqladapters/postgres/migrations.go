@@ -145,6 +145,18 @@ func (d *sqlDialect) Migrations() []sqladapters.Migration {
 			`ALTER TABLE ` + d.members + ` ADD COLUMN IF NOT EXISTS settings text`,
 		},
 	})
+	ms = append(ms, sqladapters.Migration{
+		Version: 9,
+		Name:    "count of the calls of publishers without a table",
+		Statements: []string{
+			// Each call of a publisher without a table draws a number
+			// from it and writes it with its messages, so that a
+			// change-data-capture forwarder knows, reading the table,
+			// whether such a call may have committed that its stream
+			// has not decoded yet (and only then waits for the stream).
+			`CREATE SEQUENCE IF NOT EXISTS ` + d.emits,
+		},
+	})
 	if d.opts.WithoutInbox {
 		ms = slices.DeleteFunc(ms, func(m sqladapters.Migration) bool { return m.Version == inboxVersion })
 	}

@@ -98,6 +98,7 @@ type sqlDialect struct {
 	opts                                    Options
 	outbox, inbox, leases, members, migrate string
 	dead, kept, scheduled                   string
+	emits                                   string // the count of calls without a table
 	channel                                 string
 }
 
@@ -145,6 +146,7 @@ func newSQL(opts Options) (*sqlDialect, error) {
 	d.dead = d.qualify(opts.OutboxTable + deadSuffix)
 	d.kept = d.qualify(opts.OutboxTable + keptSuffix)
 	d.scheduled = d.qualify(opts.OutboxTable + scheduledSuffix)
+	d.emits = d.qualify(opts.OutboxTable + emitsSuffix)
 	if opts.Notify {
 		d.channel = channelName(opts.Schema, opts.OutboxTable)
 	}
@@ -311,7 +313,7 @@ func objects(opts Options) []sqlstore.Object {
 	}
 	names := []string{
 		o + "_pending_idx", o + "_retry_idx", o + "_dead_idx", o + "_dead_fp_idx", o + deadFPSuffix, o + deadHoldSuffix,
-		o + "_sched_idx", i + "_received_idx", implicitName(o, "id_seq"), implicitName(o+scheduledSuffix, "id_seq"),
+		o + "_sched_idx", i + "_received_idx", implicitName(o, "id_seq"), implicitName(o+scheduledSuffix, "id_seq"), o + emitsSuffix,
 	}
 	for _, t := range tables {
 		names = append(names, implicitName(t, "pkey"))

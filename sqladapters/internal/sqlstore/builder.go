@@ -324,14 +324,17 @@ type Logical interface {
 	// NULL row columns when none matches.
 	ReadKeys(keys []string, unkeyed bool, limit int, holds bool) sqladapters.Query
 	// EmitCheck selects one row: wal_level, server_version_num, the
-	// prefix of the outbox's logical decoding messages and the name of its
-	// id sequence.
+	// prefix of the outbox's logical decoding messages, the name of its
+	// id sequence and that of its count of calls (NULL before the
+	// migration that creates it).
 	EmitCheck() sqladapters.Query
 	// EmitRecord writes r, with its messages' ids drawn from sequence and
 	// appended, as a transactional logical decoding message of prefix,
-	// only where a logical slot of the database is ready to decode it: it
-	// selects one row when it wrote r, none when no such slot exists.
-	EmitRecord(prefix, sequence string, r sqladapters.EmitRecord) sqladapters.Query
+	// and, where emits is not "", the call's number drawn from it in a
+	// message of prefix and EmitCountSuffix, only where a logical slot of
+	// the database is ready to decode it: it selects one row when it
+	// wrote r, none when no such slot exists.
+	EmitRecord(prefix, sequence, emits string, r sqladapters.EmitRecord) sqladapters.Query
 	// WriteMessages returns the statements writing ms into the tables
 	// (see sqladapters.Logical.WriteMessages); the last selects the
 	// writing transaction's 32-bit id.

@@ -95,26 +95,26 @@ func (l *logicalStore) Slot(ctx context.Context, e sqladapters.Executor, slot st
 	return st, ok, err
 }
 
-// scanMark parses a mark's two columns.
-func scanMark(lsn string, xmin int64) (sqladapters.StreamMark, error) {
+// scanMark parses a mark's columns.
+func scanMark(lsn string, xmin, emits int64) (sqladapters.StreamMark, error) {
 	v, err := strconv.ParseUint(lsn, 10, 64)
 	if err != nil {
 		return sqladapters.StreamMark{}, fmt.Errorf("millbox: position %q: %w", lsn, err)
 	}
-	return sqladapters.StreamMark{LSN: v, XMin: uint64(xmin)}, nil
+	return sqladapters.StreamMark{LSN: v, XMin: uint64(xmin), Emits: emits}, nil
 }
 
 // PendingKeys implements sqladapters.Logical.
 func (l *logicalStore) PendingKeys(ctx context.Context, e sqladapters.Executor, holds bool) (mark sqladapters.StreamMark, keys []sqladapters.StreamKey, err error) {
 	err = l.s.query(ctx, e, l.b.PendingKeys(holds), func(r sqladapters.Rows) error {
 		var lsn string
-		var xmin int64
+		var xmin, emits int64
 		var keyed sql.NullBool
 		var key sql.NullString
-		if err := r.Scan(&lsn, &xmin, &keyed, &key); err != nil {
+		if err := r.Scan(&lsn, &xmin, &emits, &keyed, &key); err != nil {
 			return err
 		}
-		if mark, err = scanMark(lsn, xmin); err != nil {
+		if mark, err = scanMark(lsn, xmin, emits); err != nil {
 			return err
 		}
 		if keyed.Valid {
@@ -129,16 +129,16 @@ func (l *logicalStore) PendingKeys(ctx context.Context, e sqladapters.Executor, 
 func (l *logicalStore) ReadKeys(ctx context.Context, e sqladapters.Executor, keys []string, unkeyed bool, limit int, holds bool) (mark sqladapters.StreamMark, rows []sqladapters.KeyedRow, err error) {
 	err = l.s.query(ctx, e, l.b.ReadKeys(keys, unkeyed, limit, holds), func(r sqladapters.Rows) error {
 		var lsn string
-		var xmin int64
+		var xmin, emits int64
 		var id, attempts, age sql.NullInt64
 		var topic, uuid, md, key sql.NullString
 		var payload []byte
 		var due, held sql.NullBool
 		var wait sql.NullFloat64
-		if err := r.Scan(&lsn, &xmin, &id, &topic, &uuid, &payload, &md, &key, &attempts, &due, &wait, &age, &held); err != nil {
+		if err := r.Scan(&lsn, &xmin, &emits, &id, &topic, &uuid, &payload, &md, &key, &attempts, &due, &wait, &age, &held); err != nil {
 			return err
 		}
-		if mark, err = scanMark(lsn, xmin); err != nil {
+		if mark, err = scanMark(lsn, xmin, emits); err != nil {
 			return err
 		}
 		if !id.Valid {
@@ -164,6 +164,7 @@ const EmitCheckInterval = 10 * time.Second
 // with, and when the server was last found able to deliver them.
 type emitTarget struct {
 	prefix, sequence string
+	emits            string // the count of calls, "" before migration 9
 	checked          time.Time
 }
 
@@ -188,7 +189,7 @@ func (l *logicalStore) Emit(ctx context.Context, tx sqladapters.Executor, record
 	}
 	emit := func(r sqladapters.EmitRecord) error {
 		var wrote bool
-		if err := l.s.query(ctx, tx, l.b.EmitRecord(t.prefix, t.sequence, r), func(sqladapters.Rows) error { wrote = true; return nil }); err != nil {
+		if err := l.s.query(ctx, tx, l.b.EmitRecord(t.prefix, t.sequence, t.emits, r), func(sqladapters.Rows) error { wrote = true; return nil }); err != nil {
 			return err
 		}
 		if !wrote {
@@ -228,11 +229,12 @@ func (l *logicalStore) emitTarget(ctx context.Context, tx sqladapters.Executor) 
 		walLevel         string
 		version          int
 		prefix, sequence sql.NullString
+		emits            sql.NullString
 		seen             bool
 	)
 	err := l.s.query(ctx, tx, l.b.EmitCheck(), func(r sqladapters.Rows) error {
 		seen = true
-		return r.Scan(&walLevel, &version, &prefix, &sequence)
+		return r.Scan(&walLevel, &version, &prefix, &sequence, &emits)
 	})
 	switch {
 	case err != nil:
@@ -248,7 +250,7 @@ func (l *logicalStore) emitTarget(ctx context.Context, tx sqladapters.Executor) 
 		return nil, fmt.Errorf("%w: wal_level is %q, not logical: no replication slot could read the messages; nothing was written (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL)",
 			sqladapters.ErrEmitUnavailable, walLevel)
 	}
-	t := &emitTarget{prefix: prefix.String, sequence: sequence.String, checked: time.Now()}
+	t := &emitTarget{prefix: prefix.String, sequence: sequence.String, emits: emits.String, checked: time.Now()}
 	l.s.emit.Store(t)
 	return t, nil
 }

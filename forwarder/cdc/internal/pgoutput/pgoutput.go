@@ -48,6 +48,9 @@ type Event struct {
 	End      pglogrepl.LSN // the end of the commit record, or the keepalive's position
 	Commit   time.Time
 	Emitted  bool // it holds messages of a publisher without a table
+	// Emits is the highest number of a call without a table in it (0:
+	// none, or only calls of publishers that number none).
+	Emits int64
 }
 
 // Decoder turns the stream's messages into transactions of the outbox.
@@ -97,8 +100,17 @@ func (d *Decoder) Message(data []byte) (*Event, error) {
 			d.cur.Rows = append(d.cur.Rows, row)
 		}
 	case *pglogrepl.LogicalDecodingMessage:
-		if !m.Transactional || m.Prefix != d.prefix || !d.inTx {
-			return nil, nil // another's, or not part of a transaction: never ours
+		if !m.Transactional || !d.inTx {
+			return nil, nil // not part of a transaction: never ours
+		}
+		if m.Prefix == d.prefix+sqladapters.EmitCountSuffix {
+			if len(m.Content) == 8 {
+				d.cur.Emits = max(d.cur.Emits, int64(binary.BigEndian.Uint64(m.Content)))
+			}
+			return nil, nil
+		}
+		if m.Prefix != d.prefix {
+			return nil, nil // another's
 		}
 		// The content points into the connection's read buffer, which the
 		// next message overwrites: the messages keep a copy.

@@ -1,6 +1,7 @@
 package pgoutput
 
 import (
+	"encoding/binary"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
@@ -87,5 +88,50 @@ func TestDecodeRowBinary(t *testing.T) {
 	if row.ID != 256 || row.Topic != "orders" || row.UUID != "u-1" || string(row.Payload) != "\x00\xffA" ||
 		string(row.Metadata) != `{"a": "b"}` || row.Key != "k1" || !row.Keyed || row.Attempts != 2 {
 		t.Fatalf("row = %+v", row)
+	}
+}
+
+// wire encodes pgoutput messages of one transaction: its begin, logical
+// decoding messages of the given prefixes and contents, its commit.
+func wire(xid uint32, msgs ...[2][]byte) [][]byte {
+	be := binary.BigEndian
+	begin := append([]byte{'B'}, make([]byte, 20)...)
+	be.PutUint32(begin[17:], xid)
+	out := [][]byte{begin}
+	for _, m := range msgs {
+		b := []byte{'M', 1}
+		b = append(b, make([]byte, 8)...)
+		b = append(append(b, m[0]...), 0)
+		b = be.AppendUint32(b, uint32(len(m[1])))
+		out = append(out, append(b, m[1]...))
+	}
+	commit := append([]byte{'C', 0}, make([]byte, 24)...)
+	be.PutUint64(commit[10:], 77)
+	return append(out, commit)
+}
+
+func TestDecodeEmitCount(t *testing.T) {
+	d := NewDecoder(16384, "millbox:16384")
+	num := func(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+	var ev *Event
+	for _, data := range wire(7,
+		[2][]byte{[]byte("millbox:16384_n"), num(5)},
+		[2][]byte{[]byte("millbox:99_n"), num(40)}, // another outbox's count
+		[2][]byte{[]byte("millbox:16384_n"), num(3)},
+		[2][]byte{[]byte("millbox:16384_n"), []byte("short")},
+	) {
+		e, err := d.Message(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e != nil {
+			ev = e
+		}
+	}
+	if ev == nil || ev.XID != 7 || ev.End != 77 {
+		t.Fatalf("transaction = %+v", ev)
+	}
+	if ev.Emits != 5 || ev.Emitted || len(ev.Rows) != 0 {
+		t.Fatalf("emits = %d, emitted %v, %d rows; want the outbox's highest number 5 and no rows", ev.Emits, ev.Emitted, len(ev.Rows))
 	}
 }
