@@ -12,10 +12,12 @@
 // single-outbox engine for a tenant while the tenant has messages, and
 // nothing while it has none.
 //
+//	pg1, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: dsn}) // tenants' server
+//	...
 //	fl, err := fleet.New(fleet.Config{
 //		Control:     pgxv5.WrapPool(controlPool),
 //		Store:       postgres.MustNewFleet(postgres.FleetOptions{}),
-//		Servers:     map[string]fleet.Server{"pg1": pgfleet.NewServer(pgfleet.ServerConfig{DSN: dsn})},
+//		Servers:     map[string]fleet.Server{"pg1": pg1},
 //		Tenants:     listTenants, // or write the catalog: fl.PutTenants
 //		Destination: kafkaPublisher,
 //	})
