@@ -126,14 +126,22 @@ func withAMQPChannel(url string, fn func(*amqp.Channel) error) error {
 // closed after the test.
 func AMQPPublisher(t testing.TB) *amqp3.Publisher {
 	t.Helper()
-	p, err := amqp3.NewPublisher(AMQPConfig(RequireAMQP(t)), watermill.NopLogger{})
+	cfg := AMQPConfig(RequireAMQP(t))
+	// The test owns the connection: watermill-amqp v3.1.0 panics in the
+	// publisher's Close when a pooled channel failed to reopen during a
+	// broker outage (a nil *amqp.Channel), before it closes a connection
+	// it owns, whose reconnecting goroutine would then outlive the test.
+	conn, err := amqp3.NewConnection(cfg.Connection, watermill.NopLogger{})
 	if err != nil {
+		t.Fatalf("amqp v3 connection: %v", err)
+	}
+	p, err := amqp3.NewPublisherWithConnection(cfg, watermill.NopLogger{}, conn)
+	if err != nil {
+		_ = conn.Close()
 		t.Fatalf("amqp v3 publisher: %v", err)
 	}
 	t.Cleanup(func() {
-		// watermill-amqp v3.1.0 panics in Close when a pooled channel
-		// failed to reopen during a broker outage (a nil *amqp.Channel):
-		// the test's assertions are done by then.
+		defer func() { _ = conn.Close() }()
 		defer func() {
 			if r := recover(); r != nil {
 				t.Logf("closing the watermill-amqp v3 publisher panicked: %v", r)
