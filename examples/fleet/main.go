@@ -75,10 +75,10 @@ func main() {
 // and the pool its own code writes through.
 type tenant struct {
 	fleet.Tenant
-	pool    *pgxpool.Pool
-	dialect sqladapters.Dialect
-	next    map[string]int // the next seq of each key
-	events  int            // published so far
+	pool   *pgxpool.Pool
+	outbox *forwarder.Publisher // writes into the tenant's outbox in a transaction
+	next   map[string]int       // the next seq of each key
+	events int                  // published so far
 }
 
 func run(pgURL, brokers string, n, tenantCount int) error {
@@ -289,11 +289,14 @@ func createTenant(ctx context.Context, pool *pgxpool.Pool, pgURL, prefix string,
 		t.Server, t.Schema, t.pool = schemasServer, name, pool
 		opts.Schema = name
 	}
-	var err error
-	if t.dialect, err = postgres.New(opts); err != nil {
+	dialect, err := postgres.New(opts)
+	if err != nil {
 		return t, err
 	}
-	return t, sqladapters.Migrate(ctx, pgxv5.WrapPool(t.pool), t.dialect)
+	if t.outbox, err = forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: dialect}); err != nil {
+		return t, err
+	}
+	return t, sqladapters.Migrate(ctx, pgxv5.WrapPool(t.pool), dialect)
 }
 
 // dropTenant drops what createTenant created. A database is dropped WITH
@@ -324,16 +327,12 @@ func (t *tenant) publish(ctx context.Context, topic string, i int) error {
 	msg.Metadata.Set(forwarder.DefaultKeyMetadataField, key)
 	msg.Metadata.Set("seq", strconv.Itoa(t.next[key]))
 	t.next[key]++
-	outbox, err := forwarder.NewContextPublisher(forwarder.PublisherConfig{Dialect: t.dialect})
-	if err != nil {
-		return err
-	}
 	tx, err := t.pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(ctx)
-	if err := outbox.PublishTx(ctx, pgxv5.WrapTx(tx), topic, msg); err != nil {
+	if err := t.outbox.PublishTx(ctx, pgxv5.WrapTx(tx), topic, msg); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
