@@ -16,8 +16,10 @@ import (
 
 	"github.com/millbox/millbox/forwarder"
 	"github.com/millbox/millbox/sqladapters"
+	"github.com/millbox/millbox/sqladapters/mysql"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
 	"github.com/millbox/millbox/sqladapters/postgres"
+	"github.com/millbox/millbox/sqladapters/stdsql"
 )
 
 // fleetEnv is a fleet's control tables in a schema of the test database,
@@ -348,4 +350,55 @@ func TestFleetServers(t *testing.T) {
 			t.Fatalf("the password %s is not masked: %v", p, all)
 		}
 	}
+}
+
+// A fleet on MySQL/MariaDB: the control tables in the test database, a
+// tenant in a database of its own, migrated and then reported.
+func TestFleetMySQL(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sqlDB, err := sql.Open("mysql", mysqlDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sqlDB.Close() }) // after the cleanup below, which uses it
+	if err := sqlDB.PingContext(ctx); err != nil {
+		unavailable(t, "MySQL/MariaDB", err)
+	}
+	prefix, database := uniqueName("mbf_"), uniqueName("mbcli_tenantdb_")
+	store := mysql.MustNewFleet(mysql.FleetOptions{Prefix: prefix})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, q := range append(mapTables(store.Tables()), "DROP DATABASE IF EXISTS `"+database+"`") {
+			if _, err := sqlDB.ExecContext(ctx, q); err != nil {
+				t.Logf("%s: %v", q, err)
+			}
+		}
+	})
+	cli := func(args ...string) []string {
+		return append(args, "--fleet", "--dsn", mysqlDSN(), "--fleet-prefix", prefix, "--server", "my="+mysqlDSN())
+	}
+	mustRun(t, cli("migrate", "up")...)
+	if err := store.PutTenants(ctx, stdsql.WrapDB(sqlDB), []sqladapters.FleetTenant{{ID: "acme", Server: "my", Database: database}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := mustRun(t, cli("migrate", "up")...); !strings.Contains(r.stdout, "ok     acme: created") {
+		t.Fatalf("migrate up --fleet: %s", r)
+	}
+	var st jsonFleetStatus
+	runJSON(t, &st, cli("status")...)
+	if len(st.Tenants) != 1 || st.Tenants[0].Down || st.Tenants[0].Database != database {
+		t.Fatalf("status --fleet: %+v", st)
+	}
+}
+
+// mapTables turns quoted table names into DROP TABLE statements.
+func mapTables(tables []string) []string {
+	out := make([]string, len(tables))
+	for i, table := range tables {
+		out[i] = "DROP TABLE IF EXISTS " + table
+	}
+	return out
 }
