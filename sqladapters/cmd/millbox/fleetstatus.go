@@ -213,7 +213,7 @@ func fleetStatusJSON(st fleetStatus) jsonFleetStatus {
 
 func printFleetStatus(e env, ctl *control, st fleetStatus) {
 	tot := st.totals()
-	fmt.Fprintf(e.stdout, "Fleet of %s: %s, %s live", ctl.t.where, count(int64(tot.Tenants), "tenant"), count(int64(tot.Instances), "instance"))
+	fmt.Fprintf(e.stdout, "Fleet of the %s: %s, %s live", ctl.tables(), count(int64(tot.Tenants), "tenant"), count(int64(tot.Instances), "instance"))
 	if tot.Unowned > 0 {
 		fmt.Fprintf(e.stdout, ", %d held by none", tot.Unowned)
 	}
