@@ -136,8 +136,28 @@
 // # Operating
 //
 // Fleet.Status and HealthHandler report the tenants an instance holds,
-// the largest backlog and the oldest pending message first, with totals;
-// `millbox status --fleet` reports them across instances from the control
-// database. Config.TenantAttribute adds the tenant to the metrics of the
-// tenants' forwarders, bounded by TenantAttrLimit.
+// the largest backlog and the oldest pending message first, with totals.
+// Config.TenantAttribute adds the tenant to the metrics of the tenants'
+// forwarders, bounded by TenantAttrLimit.
+//
+// The millbox command (sqladapters/cmd/millbox) sees the whole fleet from
+// the control database, whatever instance holds what. Since the catalog
+// names servers and not connection strings, it takes each server's DSN
+// from a --server name=DSN flag or from MILLBOX_FLEET_SERVERS (one
+// name=DSN a line):
+//
+//	millbox status --fleet --dsn CONTROL_DSN --server pg1=DSN1 --server pg2=DSN2
+//	millbox migrate up --fleet --dsn CONTROL_DSN --parallel 16
+//
+// status --fleet lists every tenant of the catalog with the live instance
+// holding it and its pending rows and oldest pending age, read from the
+// tenant's own outbox: the largest backlog and oldest pending message
+// first, with totals and the tenants per live instance (--json for
+// scripts). A tenant whose outbox cannot be read is listed as down with
+// the error. migrate up --fleet creates or upgrades the control tables and
+// then every tenant's tables (or those of the tenants listed in a file,
+// --tenants), reporting each tenant and exiting with status 1 when any
+// failed: the way to migrate before the fleet starts, rather than
+// Config.MigrateTenants at each tenant's first look. Both visit --parallel
+// tenants at once (8 by default).
 package fleet

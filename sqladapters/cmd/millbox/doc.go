@@ -32,6 +32,36 @@
 //	millbox migrate up --partitioned            # PostgreSQL: the time-partitioned outbox
 //	millbox partitions list                     # its partitions, rows and what blocks a drop
 //
+// # Fleets
+//
+// With --fleet, status and migrate up act on every tenant of a forwarder
+// fleet (package forwarder/fleet): --dsn names the fleet's control
+// database, --fleet-schema and --fleet-prefix its tables, and the tenants
+// come from its catalog. The catalog names each tenant's server, never a
+// connection string, so the command needs every server's DSN: a
+// --server name=DSN flag per server, or $MILLBOX_FLEET_SERVERS with one
+// name=DSN a line (which keeps passwords off the command line; a --server
+// flag wins for a name given in both). A tenant's database replaces the
+// database of its server's DSN, and its schema holds its tables.
+//
+//	export MILLBOX_FLEET_SERVERS='pg1=postgres://app@db1:5432/postgres
+//	pg2=postgres://app@db2:5432/postgres'
+//	millbox status --fleet --dsn 'postgres://app@control:5432/app'
+//	millbox migrate up --fleet --dsn 'postgres://app@control:5432/app' --parallel 16
+//	millbox migrate up --fleet --tenants tenants.txt   # ID SERVER [DATABASE [SCHEMA]] a line; no control database
+//
+// status --fleet lists every tenant with the live instance that holds it
+// and, read from its own outbox, its pending rows, the age of the oldest,
+// its scheduled messages and dead letters: the largest backlog first,
+// then the oldest pending message, with totals and the tenants each live
+// instance holds (--json for scripts). A tenant that cannot be read (its
+// server unreachable or not given, its tables missing) is listed as down
+// with the error, and the command still succeeds. migrate up --fleet
+// creates or upgrades the control tables, then every tenant's tables, and
+// prints a line per tenant (ok or error); it exits with status 1 when any
+// tenant failed. Both visit at most --parallel tenants at once (8 by
+// default), tenants of one database sharing its connections.
+//
 // For teams that run schema changes with their own tool, `millbox migrate
 // sql --db postgres` prints the complete SQL (CREATE SCHEMA included)
 // without connecting.

@@ -16,6 +16,10 @@ Commands:
   migrate sql       print the complete SQL, for your own migration tool; no connection needed
   status            backlog per topic, oldest pending age, dead letters, kept rows,
                     inbox records and partition owners (--json for scripts)
+  status --fleet    every tenant of a forwarder fleet: the instance holding it, its backlog
+                    and oldest pending age, the largest first, with totals
+  migrate up --fleet
+                    create or upgrade the tables of every tenant of a fleet, in parallel
   dead list         list dead letters, filtered, or grouped by error (--group-by-error)
   dead show ID      one dead letter with its error, metadata and payload
   dead held         keys held by dead letters, with the messages waiting behind each
@@ -50,6 +54,7 @@ Examples:
   millbox dead requeue --error 'connection refused' --yes
   millbox dead discard --topic test.events --older-than 30d --yes
   millbox prune --forwarded-older-than 7d --inbox-older-than 30d
+  millbox status --fleet --dsn 'postgres://app@control/app' --server pg1='postgres://app@db1/postgres'
 
 Run 'millbox help <command>' or 'millbox <command> --help' for its flags. Flags take one
 dash or two (-dsn, --dsn) and may follow the arguments.
@@ -77,6 +82,27 @@ and publishers then need postgres.Options{Partitioned: ...} with the same interv
 --without-inbox leaves the inbox table out, for an application that only publishes; a
 later 'migrate up' without it creates the inbox.
 
+'migrate up --fleet' creates or upgrades the fleet's control tables in --dsn, then the
+millbox tables of every tenant of its catalog, --parallel at once, and prints a line per
+tenant as it finishes (ok, with what it did, or error, with why), then a count. With
+--tenants FILE it migrates the tenants of the file instead and does not touch the
+control database: one tenant a line, ID SERVER [DATABASE [SCHEMA]] separated by blanks,
+- for none, # for a comment. --json prints one object (tenants, ok, failed) at the end.
+The exit status is 1 when any tenant failed. 'migrate sql --fleet' prints the control
+tables' SQL.
+
+Fleets (package forwarder/fleet): with --fleet, --dsn names the fleet's control database,
+whose catalog lists the tenants; --fleet-schema (a Postgres schema or MySQL database) and
+--fleet-prefix name its tables as postgres.FleetOptions (or mysql's, sqlite's) do. The
+catalog names each tenant's server, never a connection string: give every server's DSN
+with --server name=DSN, once per server, or in $MILLBOX_FLEET_SERVERS, one name=DSN a
+line (# starts a comment; --server wins for a name given in both). Keep passwords there,
+off the command line. A tenant's database replaces the database of its server's DSN
+(PostgreSQL, SQLite), or names the database of its tables (MySQL); its schema holds its
+tables. --outbox-table and --inbox-table apply to every tenant; --schema does not apply
+(each tenant's comes from the catalog). --parallel N (default 8) bounds the tenants
+visited at once; tenants of one database share a pool of at most 4 connections.
+
 Examples:
   millbox migrate up --dsn 'postgres://app@localhost:5432/app' --schema messaging
   millbox migrate up --dsn 'sqlite:///var/lib/app/app.db'
@@ -84,6 +110,8 @@ Examples:
   millbox migrate sql --db mysql --outbox-table events_outbox
   millbox migrate up --dsn 'postgres://app@localhost:5432/app' --partitioned --interval 24h
   millbox migrate sql --db postgres --without-inbox
+  millbox migrate up --fleet --dsn 'postgres://app@control/app' --server pg1='postgres://app@db1/postgres' --parallel 16
+  MILLBOX_FLEET_SERVERS="$(cat servers)" millbox migrate up --fleet --tenants tenants.txt
 `
 
 const statusUsage = `Usage:
@@ -100,9 +128,39 @@ dead letter waits from its requeue (its created time stays the message's).
 scheduled, next_due (when any is scheduled), dead_letters, held_keys, forwarded_kept, inbox_records, oldest_inbox_age_seconds, topics,
 consumers, partitions and owners.
 
+With --fleet it reports every tenant of a forwarder fleet instead, from the control
+database of --dsn: per tenant the live instance holding it (- while none does), its
+server, database and schema, and from its own outbox the pending rows, the age of the
+oldest, the scheduled messages and the dead letters; the largest backlog first, then
+the oldest pending message, then the tenants that are down; a line of totals, and the
+live instances with the number of tenants each holds. Each tenant's outbox is read
+with one cheap statement, --parallel at once, within twice --connect-timeout. A tenant
+that cannot be read (its server unreachable or not given, its tables missing) is shown
+as down, with the error below the table; the command still succeeds. --json prints one
+object with instances, tenants (id, server, database, schema, instance, removed, down,
+error, pending, oldest_pending_age_seconds, scheduled, next_due, dead_letters,
+held_keys) and totals (tenants, instances, unowned, down, pending, dead_letters,
+oldest_pending_age_seconds).
+
+Fleets (package forwarder/fleet): with --fleet, --dsn names the fleet's control database,
+whose catalog lists the tenants; --fleet-schema (a Postgres schema or MySQL database) and
+--fleet-prefix name its tables as postgres.FleetOptions (or mysql's, sqlite's) do. The
+catalog names each tenant's server, never a connection string: give every server's DSN
+with --server name=DSN, once per server, or in $MILLBOX_FLEET_SERVERS, one name=DSN a
+line (# starts a comment; --server wins for a name given in both). Keep passwords there,
+off the command line. A tenant's database replaces the database of its server's DSN
+(PostgreSQL, SQLite), or names the database of its tables (MySQL); its schema holds its
+tables. --outbox-table and --inbox-table apply to every tenant; --schema does not apply
+(each tenant's comes from the catalog). --parallel N (default 8) bounds the tenants
+visited at once; tenants of one database share a pool of at most 4 connections.
+
 Examples:
   millbox status
   millbox status --json | jq '.topics[] | select(.pending > 1000)'
+  export MILLBOX_FLEET_SERVERS='pg1=postgres://app@db1:5432/postgres
+pg2=postgres://app@db2:5432/postgres'
+  millbox status --fleet --dsn 'postgres://app@control:5432/app' --fleet-schema fleet
+  millbox status --fleet --json | jq '.tenants[] | select(.down)'
 `
 
 const deadUsage = `Usage:

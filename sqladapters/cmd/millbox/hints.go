@@ -21,7 +21,7 @@ import (
 const mask = "xxxxx"
 
 // connectionFlags are the flags that say which tables a command works on.
-var connectionFlags = []string{"schema", "outbox-table", "inbox-table", "connect-timeout", "dsn"}
+var connectionFlags = []string{"schema", "outbox-table", "inbox-table", "fleet-schema", "fleet-prefix", "connect-timeout", "dsn"}
 
 // hint returns "millbox <command>" followed by the connection flags the
 // user gave, each value quoted for a shell, and a note when the DSN shown
@@ -146,19 +146,31 @@ func (r redactingWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// dsnsIn returns the values of --dsn in args, and $MILLBOX_DSN.
+// dsnsIn returns the values of --dsn and the DSNs of --server in args,
+// $MILLBOX_DSN and the DSNs of $MILLBOX_FLEET_SERVERS.
 func dsnsIn(args []string, getenv func(string) string) []string {
 	out := []string{getenv("MILLBOX_DSN")}
+	for line := range strings.SplitSeq(getenv(serversEnv), "\n") {
+		if _, dsn, ok := strings.Cut(line, "="); ok {
+			out = append(out, dsn)
+		}
+	}
 	for i, a := range args {
 		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name != "dsn" {
+		if !strings.HasPrefix(a, "-") || (name != "dsn" && name != "server") {
 			continue
 		}
-		if hasValue {
-			out = append(out, value)
-		} else if i+1 < len(args) {
-			out = append(out, args[i+1])
+		if !hasValue {
+			if i+1 >= len(args) {
+				continue
+			}
+			value = args[i+1]
 		}
+		if name == "server" {
+			// name=DSN: the DSN follows the server's name.
+			_, value, _ = strings.Cut(value, "=")
+		}
+		out = append(out, value)
 	}
 	return out
 }

@@ -16,6 +16,8 @@ func statusCmd(ctx context.Context, e env, args []string) error {
 	fs := newFlagSet(e, "status", statusUsage)
 	var c common
 	c.register(fs)
+	var fl fleetFlags
+	fl.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON for scripts")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -23,6 +25,12 @@ func statusCmd(ctx context.Context, e env, args []string) error {
 	}
 	if len(pos) > 0 {
 		return usagef("status takes no arguments, got %q", pos[0])
+	}
+	if err := fl.check(&c); err != nil {
+		return err
+	}
+	if fl.on {
+		return statusFleet(ctx, e, &c, &fl, *asJSON)
 	}
 	s, err := c.connect(ctx, e, false)
 	if err != nil {
