@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millbox/millbox/forwarder"
@@ -293,4 +294,68 @@ func TestFleetMixedServers(t *testing.T) {
 	e.publishAll(tenants, 2, 100, 5)
 	conformance.CheckKeyOrder(t, e.rec.Messages(), forwarder.DefaultKeyMetadataField)
 	t.Logf("%d messages of %d PostgreSQL and %d MariaDB tenants in %v", len(e.rec.Messages()), 2, 2, time.Since(start).Round(time.Millisecond))
+}
+
+// TestFleetCloseDuringLeaseRound closes an instance while its lease loop
+// waits for the control database (a lock held on the members table): Run
+// returns once the round ended, however the round's end and the last of
+// the instance's other work interleave.
+func TestFleetCloseDuringLeaseRound(t *testing.T) {
+	e := newFleetEnv(t)
+	e.server("pg", pgfleet.StatDoorbell)
+	tn := e.tenantDatabase("pg", true)
+	f, err := fleet.New(e.config(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Run(context.Background()) }()
+	ctx := testenv.Ctx(t, time.Minute)
+	if err := f.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.PutTenants(ctx, tn); err != nil {
+		t.Fatal(err)
+	}
+	e.publishAll([]fleet.Tenant{tn}, 1, 0, 3)
+	// Idle tenants leave nothing for the instance to do at Close but end
+	// its lease loop.
+	fleetUntil(t, "the tenant is idle", func() (bool, error) {
+		st, err := f.Status(ctx)
+		return err == nil && len(st.Tenants) == 1 && st.Tenants[0].State == "idle", err
+	})
+
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	members := pgx.Identifier{e.schema, postgres.DefaultFleetPrefix + "_members"}.Sanitize()
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+members+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	fleetUntil(t, "the lease loop waits for the lock", func() (bool, error) {
+		var waiting bool
+		err := e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = $1::regclass AND NOT granted)`, members).Scan(&waiting)
+		return waiting, err
+	})
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	// The lock goes soon after, so that leaving the members (after Run's
+	// loops ended) does not wait for it; when exactly does not matter.
+	time.Sleep(100 * time.Millisecond)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(fleetWait):
+		t.Fatalf("Run did not return %v after Close", fleetWait)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("close: %v", err)
+	}
 }

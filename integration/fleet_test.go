@@ -104,9 +104,8 @@ func (e *fleetEnv) writer(t fleet.Tenant, db sqladapters.DB, d sqladapters.Diale
 	e.writers[t.ID] = fleetWriter{db: db, dialect: d}
 }
 
-// start runs one fleet instance until the test ends.
-func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
-	e.t.Helper()
+// config is the configuration of the next instance, changed by edit.
+func (e *fleetEnv) config(edit func(*fleet.Config)) fleet.Config {
 	servers := map[string]fleet.Server{}
 	for name, mk := range e.servers {
 		servers[name] = mk(e.started)
@@ -127,7 +126,13 @@ func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
 	if edit != nil {
 		edit(&cfg)
 	}
-	f, err := fleet.New(cfg)
+	return cfg
+}
+
+// start runs one fleet instance until the test ends.
+func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
+	e.t.Helper()
+	f, err := fleet.New(e.config(edit))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -137,8 +142,13 @@ func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
 		if err := f.Close(); err != nil {
 			e.t.Errorf("close: %v", err)
 		}
-		if err := <-done; err != nil {
-			e.t.Errorf("run: %v", err)
+		select {
+		case err := <-done:
+			if err != nil {
+				e.t.Errorf("run: %v", err)
+			}
+		case <-time.After(fleetWait):
+			e.t.Errorf("Run did not return %v after Close", fleetWait)
 		}
 	})
 	if err := f.Ready(testenv.Ctx(e.t, 30*time.Second)); err != nil {
