@@ -67,9 +67,13 @@ func newFleetEnv(t *testing.T) *fleetEnv {
 
 // server adds a server of the test database's PostgreSQL. The
 // connections of instance i are named pgApp(name, i).
-func (e *fleetEnv) server(name string, bell pgfleet.DoorbellKind) {
+func (e *fleetEnv) server(name string, bell pgfleet.DoorbellKind) { e.serverConns(name, bell, 0) }
+
+// serverConns is server with at most maxConns connections per handle (0:
+// pgfleet's default).
+func (e *fleetEnv) serverConns(name string, bell pgfleet.DoorbellKind, maxConns int32) {
 	e.servers[name] = func(i int) fleet.Server {
-		s, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: testenv.PostgresURL(), Doorbell: bell, ApplicationName: e.pgApp(name, i)})
+		s, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: testenv.PostgresURL(), Doorbell: bell, ApplicationName: e.pgApp(name, i), MaxConns: maxConns})
 		if err != nil {
 			e.t.Fatal(err)
 		}
