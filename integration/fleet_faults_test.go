@@ -193,21 +193,31 @@ func readyz(t *testing.T, h http.Handler) (code int, down map[string]string) {
 }
 
 // TestFleetTenantDown runs a fleet whose tenants include a database that
-// does not exist and one without the millbox tables: the other tenants'
-// messages all arrive, in key order; Status and /readyz name the two
-// down tenants with their errors (the missing tables' error says how to
-// migrate); once the database is created and the tables migrated, the
-// two tenants' messages arrive too and the fleet is ready.
+// does not exist, one without the millbox tables and one on a server
+// that does not answer: the other tenants' messages all arrive, in key
+// order; Status and /readyz name the three down tenants with their errors
+// (the missing tables' error says how to migrate); once the database is
+// created and the tables migrated, those two tenants' messages arrive
+// too, and once the unreachable one is removed the fleet is ready.
 func TestFleetTenantDown(t *testing.T) {
 	e := newFleetEnv(t)
 	e.server("pg", pgfleet.StatDoorbell)
 	a, b := e.tenantDatabase("pg", true), e.tenantDatabase("pg", true)
 	gone := e.missingDatabase("pg")
 	bare := e.tenantDatabase("pg", false)
+	// Nothing listens on port 1.
+	e.servers["dead"] = func(int) fleet.Server {
+		s, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: "postgres://root@127.0.0.1:1/test?sslmode=disable&connect_timeout=5", Doorbell: pgfleet.NoDoorbell})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	dead := fleet.Tenant{ID: "t-unreachable", Server: "dead"}
 	fl := e.start(nil)
 	health := fleet.HealthHandler(fl, fleet.HealthOptions{})
 	ctx := testenv.Ctx(t, 2*time.Minute)
-	if err := fl.PutTenants(ctx, a, b, gone, bare); err != nil {
+	if err := fl.PutTenants(ctx, a, b, gone, bare, dead); err != nil {
 		t.Fatal(err)
 	}
 	e.publishAll([]fleet.Tenant{a, b}, 3, 0, 20)
@@ -241,14 +251,15 @@ func TestFleetTenantDown(t *testing.T) {
 	missing := map[string]string{
 		gone.ID: `database "` + gone.Database + `" does not exist`,
 		bare.ID: "sqladapters.Migrate",
+		dead.ID: "127.0.0.1:1",
 	}
-	fleetUntil(t, "Status names the two tenants down with their errors", isDown(missing))
+	fleetUntil(t, "Status names the three tenants down with their errors", isDown(missing))
 	code, down := readyz(t, health)
 	if code != http.StatusServiceUnavailable {
-		t.Fatalf("/readyz answered %d with two tenants down, want %d", code, http.StatusServiceUnavailable)
+		t.Fatalf("/readyz answered %d with three tenants down, want %d", code, http.StatusServiceUnavailable)
 	}
-	if len(down) != 2 {
-		t.Fatalf("/readyz names %v down, want %s and %s", down, gone.ID, bare.ID)
+	if len(down) != len(missing) {
+		t.Fatalf("/readyz names %v down, want %s, %s and %s", down, gone.ID, bare.ID, dead.ID)
 	}
 	for id, text := range missing {
 		if !strings.Contains(down[id], text) {
@@ -266,6 +277,10 @@ func TestFleetTenantDown(t *testing.T) {
 	e.migrate(bare, w.db, w.dialect)
 	e.publishAll([]fleet.Tenant{gone, bare, a}, 2, 100, 5)
 	conformance.CheckKeyOrder(t, e.rec.Messages(), forwarder.DefaultKeyMetadataField)
+	fleetUntil(t, "only the unreachable tenant is down", isDown(map[string]string{dead.ID: "127.0.0.1:1"}))
+	if err := fl.RemoveTenants(ctx, dead.ID); err != nil {
+		t.Fatal(err)
+	}
 	fleetUntil(t, "no tenant is down", isDown(nil))
 	if code, down := readyz(t, health); code != http.StatusOK {
 		t.Fatalf("/readyz answered %d once every tenant was fixed (down: %v), want 200", code, down)
