@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -28,10 +29,26 @@ import (
 type fleetEnv struct {
 	t       *testing.T
 	pool    *pgxpool.Pool
+	schema  string // the control tables' schema
 	control sqladapters.DB
 	store   sqladapters.FleetStore
 	rec     *conformance.Recorder
-	servers map[string]fleet.Server
+	// app starts the application_name of this test's PostgreSQL
+	// connections, so that pg_stat_activity tells them from other tests'.
+	app string
+	// servers makes each instance its own servers, by name: a doorbell
+	// watches for one instance only.
+	servers map[string]func(instance int) fleet.Server
+	started int // instances started
+
+	mu      sync.Mutex
+	writers map[string]fleetWriter // by tenant ID
+}
+
+// fleetWriter is how the test writes into a tenant's outbox.
+type fleetWriter struct {
+	db      sqladapters.DB
+	dialect sqladapters.Dialect
 }
 
 func newFleetEnv(t *testing.T) *fleetEnv {
@@ -44,16 +61,30 @@ func newFleetEnv(t *testing.T) *fleetEnv {
 	if err := sqladapters.MigrateFleet(ctx, db, store); err != nil {
 		t.Fatal(err)
 	}
-	return &fleetEnv{t: t, pool: pool, control: db, store: store, rec: conformance.NewRecorder(), servers: map[string]fleet.Server{}}
+	return &fleetEnv{t: t, pool: pool, schema: schema, control: db, store: store, rec: conformance.NewRecorder(),
+		app: testenv.UniqueName("mbf"), servers: map[string]func(int) fleet.Server{}, writers: map[string]fleetWriter{}}
 }
 
-// server adds a server of the test database's PostgreSQL.
-func (e *fleetEnv) server(name string, bell pgfleet.DoorbellKind) {
-	s, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: testenv.PostgresURL(), Doorbell: bell, ApplicationName: "mbfleet_" + name})
-	if err != nil {
-		e.t.Fatal(err)
+// server adds a server of the test database's PostgreSQL. The
+// connections of instance i are named pgApp(name, i).
+func (e *fleetEnv) server(name string, bell pgfleet.DoorbellKind) { e.serverConns(name, bell, 0) }
+
+// serverConns is server with at most maxConns connections per handle (0:
+// pgfleet's default).
+func (e *fleetEnv) serverConns(name string, bell pgfleet.DoorbellKind, maxConns int32) {
+	e.servers[name] = func(i int) fleet.Server {
+		s, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: testenv.PostgresURL(), Doorbell: bell, ApplicationName: e.pgApp(name, i), MaxConns: maxConns})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return s
 	}
-	e.servers[name] = s
+}
+
+// pgApp is the application_name of the handles' connections of server
+// name in instance i; the doorbell's add pgfleet.DoorbellSuffix.
+func (e *fleetEnv) pgApp(name string, i int) string {
+	return e.app + "_" + name + "_" + strconv.Itoa(i)
 }
 
 // tenantSchema creates a schema of the test database with the millbox
@@ -65,16 +96,29 @@ func (e *fleetEnv) tenantSchema(server string) fleet.Tenant {
 	if err := sqladapters.Migrate(testenv.Ctx(e.t, time.Minute), pgxv5.WrapPool(e.pool), d); err != nil {
 		e.t.Fatal(err)
 	}
-	return fleet.Tenant{ID: "t-" + schema, Server: server, Schema: schema}
+	tn := fleet.Tenant{ID: "t-" + schema, Server: server, Schema: schema}
+	e.writer(tn, pgxv5.WrapPool(e.pool), d)
+	return tn
 }
 
-// start runs one fleet instance until the test ends.
-func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
-	e.t.Helper()
+// writer records how the test writes into tenant t's outbox.
+func (e *fleetEnv) writer(t fleet.Tenant, db sqladapters.DB, d sqladapters.Dialect) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.writers[t.ID] = fleetWriter{db: db, dialect: d}
+}
+
+// config is the configuration of the next instance, changed by edit.
+func (e *fleetEnv) config(edit func(*fleet.Config)) fleet.Config {
+	servers := map[string]fleet.Server{}
+	for name, mk := range e.servers {
+		servers[name] = mk(e.started)
+	}
+	e.started++
 	cfg := fleet.Config{
 		Control:         e.control,
 		Store:           e.store,
-		Servers:         e.servers,
+		Servers:         servers,
 		Destination:     e.rec,
 		CatalogInterval: 100 * time.Millisecond,
 		LeaseTTL:        3 * time.Second,
@@ -86,7 +130,13 @@ func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
 	if edit != nil {
 		edit(&cfg)
 	}
-	f, err := fleet.New(cfg)
+	return cfg
+}
+
+// start runs one fleet instance until the test ends.
+func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
+	e.t.Helper()
+	f, err := fleet.New(e.config(edit))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -96,8 +146,13 @@ func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
 		if err := f.Close(); err != nil {
 			e.t.Errorf("close: %v", err)
 		}
-		if err := <-done; err != nil {
-			e.t.Errorf("run: %v", err)
+		select {
+		case err := <-done:
+			if err != nil {
+				e.t.Errorf("run: %v", err)
+			}
+		case <-time.After(fleetWait):
+			e.t.Errorf("Run did not return %v after Close", fleetWait)
 		}
 	})
 	if err := f.Ready(testenv.Ctx(e.t, 30*time.Second)); err != nil {
@@ -110,15 +165,29 @@ func (e *fleetEnv) start(edit func(*fleet.Config)) *fleet.Fleet {
 // seq, in one transaction.
 func (e *fleetEnv) publish(t fleet.Tenant, key string, seq, n int) {
 	e.t.Helper()
-	ctx := testenv.Ctx(e.t, time.Minute)
-	d := postgres.MustNew(postgres.Options{Schema: t.Schema, WithoutInbox: true})
-	tx, err := pgxv5.WrapPool(e.pool).Begin(ctx, sql.TxOptions{})
-	if err != nil {
+	if err := e.tryPublish(t, key, seq, n); err != nil {
 		e.t.Fatal(err)
 	}
-	pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: d})
+}
+
+// tryPublish is publish for any goroutine: it returns what failed.
+func (e *fleetEnv) tryPublish(t fleet.Tenant, key string, seq, n int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e.mu.Lock()
+	w, ok := e.writers[t.ID]
+	e.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("tenant %s: the test has no writer for it", t.ID)
+	}
+	tx, err := w.db.Begin(ctx, sql.TxOptions{})
 	if err != nil {
-		e.t.Fatal(err)
+		return err
+	}
+	pub, err := forwarder.NewPublisher(tx, forwarder.PublisherConfig{Dialect: w.dialect})
+	if err != nil {
+		sqladapters.Rollback(tx)
+		return err
 	}
 	msgs := make([]*message.Message, n)
 	for i := range msgs {
@@ -129,11 +198,9 @@ func (e *fleetEnv) publish(t fleet.Tenant, key string, seq, n int) {
 	}
 	if err := pub.Publish("fleet", msgs...); err != nil {
 		sqladapters.Rollback(tx)
-		e.t.Fatal(err)
+		return err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		e.t.Fatal(err)
-	}
+	return tx.Commit(ctx)
 }
 
 // byTenant counts the distinct messages that arrived per tenant.

@@ -30,6 +30,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if os.Getenv(fleetChildEnv) != "" {
+		if err := fleetChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "fleet instance process:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	// Components the tests start without a logger of the test's own log
 	// through slog's default logger; its lines are shown when a test fails.
 	goleak.VerifyTestMain(testenv.PostgresPairs(testlog.DefaultToFailures(m)),

@@ -122,10 +122,14 @@ func (f *Fleet) run(ctx context.Context) error {
 	return nil
 }
 
-// loop runs the events until ctx ended and every tenant has stopped.
+// loop runs the events until ctx ended, every tenant has stopped and the
+// lease loop has ended.
 func (f *Fleet) loop(ctx context.Context, leasesDone <-chan struct{}) {
 	defer close(f.quit)
 	done := ctx.Done()
+	// leases is leasesDone once every tenant has stopped, so that the
+	// lease loop's end wakes the loop: it may end after the last event.
+	var leases <-chan struct{}
 	for {
 		select {
 		case <-done:
@@ -136,6 +140,7 @@ func (f *Fleet) loop(ctx context.Context, leasesDone <-chan struct{}) {
 			}
 		case fn := <-f.events:
 			fn()
+		case <-leases:
 		}
 		if done == nil && f.stopped() {
 			select {
@@ -143,6 +148,7 @@ func (f *Fleet) loop(ctx context.Context, leasesDone <-chan struct{}) {
 				f.stopDoorbells()
 				return
 			default:
+				leases = leasesDone
 			}
 		}
 	}
