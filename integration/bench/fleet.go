@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"net/url"
 	"os"
 	"slices"
@@ -430,10 +431,12 @@ func (r *fleetRun) publishOne(ctx context.Context, db sqladapters.DB, d sqladapt
 		sqladapters.Rollback(tx)
 		return "", err
 	}
+	// The commit's start: a message may arrive before Commit returns.
+	at := time.Now()
 	if err := tx.Commit(ctx); err != nil {
 		return "", err
 	}
-	r.arr.commit(m.UUID, time.Now())
+	r.arr.commit(m.UUID, at)
 	return m.UUID, nil
 }
 
@@ -768,10 +771,10 @@ func (r *fleetRun) startFleet(ctx context.Context) error {
 	fmt.Printf("fleet: %d instances ready (%v); registering the tenants\n", len(r.kids), time.Since(start).Round(time.Millisecond))
 	var rows []sqladapters.FleetTenant
 	for _, name := range r.dbs {
-		rows = append(rows, sqladapters.FleetTenant{ID: "db-" + name[len(r.prefix):], Server: "db", Database: name})
+		rows = append(rows, sqladapters.FleetTenant{ID: tenantID("db-" + name[len(r.prefix):]), Server: "db", Database: name})
 	}
 	for _, s := range r.schs {
-		rows = append(rows, sqladapters.FleetTenant{ID: "sch-" + s, Server: "sch", Schema: s})
+		rows = append(rows, sqladapters.FleetTenant{ID: tenantID("sch-" + s), Server: "sch", Schema: s})
 	}
 	if err := r.store.PutTenants(ctx, pgxv5.WrapPool(r.ctl), rows); err != nil {
 		return err
@@ -813,6 +816,15 @@ func (r *fleetRun) startFleet(ctx context.Context) error {
 	return nil
 }
 
+// tenantID prefixes name with a hash of it. Instances claim tenants in
+// ID order, so IDs grouped by kind would give the first instance every
+// database tenant; applications' IDs rarely sort by server.
+func tenantID(name string) string {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return fmt.Sprintf("%08x-%s", h.Sum32(), name)
+}
+
 // firstMessages publishes one message into each of a sample of idle
 // tenants, one after the other, and returns their commit → arrival.
 func (r *fleetRun) firstMessages(ctx context.Context) (dbs, schs []time.Duration, err error) {
@@ -830,7 +842,7 @@ func (r *fleetRun) firstMessages(ctx context.Context) (dbs, schs []time.Duration
 			return nil, nil, err
 		}
 		ids = append(ids, id)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
 	}
 	nDB := len(ids)
 	for _, i := range pick(len(r.schs)) {
@@ -839,7 +851,7 @@ func (r *fleetRun) firstMessages(ctx context.Context) (dbs, schs []time.Duration
 			return nil, nil, err
 		}
 		ids = append(ids, id)
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
 	}
 	if err := r.arr.waitAll(ctx, ids, time.Minute); err != nil {
 		fmt.Printf("first messages: %v\n", err)
@@ -1051,7 +1063,7 @@ func (r *fleetRun) failover(ctx context.Context) (dbs, schs []time.Duration, err
 	var dbT []string
 	var schT []string
 	for _, t := range cat {
-		if t.Owner != victim || strings.HasPrefix(t.ID, "drain-") || strings.HasPrefix(t.ID, "add-") {
+		if t.Owner != victim || strings.Contains(t.ID, "drain-") || strings.Contains(t.ID, "add-") {
 			continue
 		}
 		if t.Database != "" && len(dbT) < fleetSample {
@@ -1081,6 +1093,7 @@ func (r *fleetRun) failover(ctx context.Context) (dbs, schs []time.Duration, err
 	}
 	if err := r.arr.waitAll(ctx, ids, 2*time.Minute); err != nil {
 		fmt.Printf("failover: %v\n", err)
+		r.diagnose(ctx, dbT, ids[:len(dbT)])
 	}
 	for i, id := range ids {
 		if i < len(dbT) {
@@ -1091,4 +1104,33 @@ func (r *fleetRun) failover(ctx context.Context) (dbs, schs []time.Duration, err
 	}
 	fmt.Printf("failover: kill → delivery: databases %s; schemas %s\n", spreadMs(dbs), spreadMs(schs))
 	return dbs, schs, nil
+}
+
+// diagnose prints, for each tenant database whose message did not
+// arrive, its owner in the catalog and the rows left in its outbox.
+func (r *fleetRun) diagnose(ctx context.Context, names, ids []string) {
+	cat, err := r.store.Tenants(ctx, pgxv5.WrapPool(r.ctl))
+	if err != nil {
+		fmt.Printf("  catalog: %v\n", err)
+		return
+	}
+	owner := map[string]string{}
+	for _, t := range cat {
+		owner[t.Database] = t.Owner
+	}
+	for i, name := range names {
+		if r.arr.latency(ids[i], time.Time{}) >= 0 {
+			continue
+		}
+		var n int
+		var err error
+		if err != nil {
+			conn, cerr := pgx.Connect(ctx, dbURL(r.o.pgURL, name, "mbbench_admin"))
+			if cerr == nil {
+				err = conn.QueryRow(ctx, "SELECT count(*) FROM millbox_outbox").Scan(&n)
+				conn.Close(ctx)
+			}
+		}
+		fmt.Printf("  %s: owner %q, %d rows in its outbox (err %v)\n", name, owner[name], n, err)
+	}
 }
