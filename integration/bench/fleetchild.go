@@ -51,7 +51,8 @@ func startFleetChild(ctx context.Context, r *fleetRun, i int) (*fleetChild, erro
 		return nil, err
 	}
 	fmt.Printf("  instance %d logs to %s\n", i, logf.Name())
-	cmd := exec.Command(exe, "-case", "fleet", "-fleet-max-conns", strconv.Itoa(*fleetMaxConns))
+	cmd := exec.Command(exe, "-case", "fleet", "-fleet-max-conns", strconv.Itoa(*fleetMaxConns),
+		"-fleet-handle-conns", strconv.Itoa(*fleetHandle))
 	cmd.Env = append(os.Environ(), fleetChildEnv+"="+r.instanceID(i), fleetRunEnv+"="+r.prefix, fleetBaseEnv+"="+r.o.pgURL)
 	// The child dies with the bench, even when the bench is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -170,11 +171,11 @@ func runFleetChild(ctx context.Context, _ options, id string) error {
 		return err
 	}
 	defer ctl.Close()
-	db, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: dbURL(base, prefix+"ctl", ""), Doorbell: pgfleet.StatDoorbell, ApplicationName: id})
+	db, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: dbURL(base, prefix+"ctl", ""), Doorbell: pgfleet.StatDoorbell, ApplicationName: id, MaxConns: int32(*fleetHandle)})
 	if err != nil {
 		return err
 	}
-	sch, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: dbURL(base, prefix+"sch", ""), Doorbell: pgfleet.SlotDoorbell, ApplicationName: id})
+	sch, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: dbURL(base, prefix+"sch", ""), Doorbell: pgfleet.SlotDoorbell, ApplicationName: id, MaxConns: int32(*fleetHandle)})
 	if err != nil {
 		return err
 	}
