@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millbox/millbox/forwarder"
+	"github.com/millbox/millbox/forwarder/fleet"
 	"github.com/millbox/millbox/forwarder/polling"
 	"github.com/millbox/millbox/sqladapters"
 	"github.com/millbox/millbox/sqladapters/pgxv5"
@@ -661,7 +662,7 @@ func (r *fleetRun) measure(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	put("fleet_lease_ttl_ms", 15000)
+	put("fleet_lease_ttl_ms", fleet.DefaultLeaseTTL.Milliseconds())
 	put("fleet_failover_db_ms", p99ms(foDB))
 	put("fleet_failover_schema_ms", p99ms(foSch))
 	put("fleet_failover_ms", p99ms(append(slices.Clone(foDB), foSch...)))
