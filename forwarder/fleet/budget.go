@@ -42,19 +42,22 @@ func (b *budget) server(name string) chan struct{} {
 }
 
 // dial returns the DialFunc of server's connections: it waits for a place
-// in both bounds (until ctx ends) before it dials.
+// in both bounds (until ctx ends) before it dials. The server's place is
+// taken first: a dial waiting for its server, which is full, must not
+// hold a place of the instance-wide bound meanwhile, or the dials queued
+// on one busy server would starve the connections of every other server.
 func (b *budget) dial(server string) DialFunc {
 	per := b.server(server)
 	return func(ctx context.Context, network, address string) (net.Conn, error) {
 		select {
-		case b.all <- struct{}{}:
+		case per <- struct{}{}:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 		select {
-		case per <- struct{}{}:
+		case b.all <- struct{}{}:
 		case <-ctx.Done():
-			<-b.all
+			<-per
 			return nil, ctx.Err()
 		}
 		release := sync.OnceFunc(func() {
