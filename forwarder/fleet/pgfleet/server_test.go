@@ -54,8 +54,27 @@ func TestServerDefaults(t *testing.T) {
 	}
 	c := s.Config()
 	if c.Doorbell != pgfleet.StatDoorbell || c.DoorbellInterval != pgfleet.DefaultDoorbellInterval ||
-		c.MaxConns != pgfleet.DefaultMaxConns || c.ApplicationName != pgfleet.DefaultApplicationName {
+		c.MaxConns != pgfleet.DefaultDatabaseMaxConns || c.ApplicationName != pgfleet.DefaultApplicationName {
 		t.Fatalf("defaults: %+v", c)
+	}
+	// A handle that the schemas of a database share gets more than one
+	// connection; with Notify, a database's handle one for its listener.
+	for _, tc := range []struct {
+		cfg  pgfleet.ServerConfig
+		want int32
+	}{
+		{pgfleet.ServerConfig{DSN: dsn, Doorbell: pgfleet.SlotDoorbell}, pgfleet.DefaultMaxConns},
+		{pgfleet.ServerConfig{DSN: dsn, Doorbell: pgfleet.NoDoorbell}, pgfleet.DefaultMaxConns},
+		{pgfleet.ServerConfig{DSN: dsn, Options: postgres.Options{Notify: true}}, pgfleet.DefaultDatabaseMaxConns + 1},
+		{pgfleet.ServerConfig{DSN: dsn, MaxConns: 3}, 3},
+	} {
+		s, err := pgfleet.NewServer(tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Config().MaxConns; got != tc.want {
+			t.Errorf("MaxConns of %+v = %d, want %d", tc.cfg, got, tc.want)
+		}
 	}
 	for kind, want := range map[pgfleet.DoorbellKind]bool{pgfleet.StatDoorbell: true, pgfleet.SlotDoorbell: true, pgfleet.NoDoorbell: false} {
 		s, err := pgfleet.NewServer(pgfleet.ServerConfig{DSN: dsn, Doorbell: kind})
