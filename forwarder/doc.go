@@ -241,6 +241,20 @@
 // Partitions; change it only with all of them stopped. With cdc.Source one
 // instance streams and the others stand by.
 //
+// # Fleet
+//
+// A Forwarder serves one outbox. With an outbox per tenant — a database
+// or a schema per tenant, on PostgreSQL or MySQL servers — one
+// forwarder/fleet.Fleet per instance serves them all: the instances share
+// the tenants by leases in a control database, a tenant's forwarder (this
+// engine, with every guarantee above, per tenant) runs while the tenant
+// has messages and lets its connections go after, a doorbell per server
+// wakes idle tenants, and connections stay within a budget per instance
+// and per server. Use it from tens of tenants on; below that, a
+// Forwarder per outbox is simpler. Its cost model (connections, server
+// CPU, first-message latency of an idle tenant) and its limits are in the
+// fleet package's documentation.
+//
 // # Health
 //
 // Forwarder.Status reports whether the forwarder runs, its partitions, its

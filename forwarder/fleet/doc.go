@@ -106,7 +106,12 @@
 // connection is dialled and given back when it closes), whatever the
 // drivers' pools do. A tenant waiting for a place waits; the others go
 // on. Tenants of one database (schemas) and of one MySQL server share one
-// pool. The doorbells' connections (one per server) and the control
+// pool; a database per tenant has a pool of one connection by default
+// (pgfleet.DefaultDatabaseMaxConns). A pool that holds connections and
+// waits for the place of one more waits for that place even when one of
+// its own connections is given back: pools that each do so can take
+// every place and stall one another until a connection idles out, so
+// keep the pools small against the budget. The doorbells' connections (one per server) and the control
 // database's are not counted. So a fleet holds at most instances ×
 // (MaxConns + servers) connections to the tenant servers, and with every
 // tenant idle just the doorbells'.
