@@ -262,4 +262,11 @@
 // and latency in one run; its README holds the results. examples/cdc runs
 // two instances, one streaming and one standing by, and takes the slot
 // over half way.
+//
+// # Dependencies
+//
+// The package may import sqladapters, the source contract and the retry
+// helper of the forwarder (forwarder/internal/source, internal/retry) and
+// its own internal packages (internal/pgoutput, internal/writer); never the
+// forwarder or the engine, which drive it through the source contract.
 package cdc

@@ -165,4 +165,11 @@
 // failed: the way to migrate before the fleet starts, rather than
 // Config.MigrateTenants at each tenant's first look. Both visit --parallel
 // tenants at once (8 by default).
+//
+// # Dependencies
+//
+// The package may import the forwarder (a tenant's forwarder is a
+// forwarder.Forwarder), its polling source and telemetry, the source
+// contract and the retry helper, sqladapters and startstop; its drivers
+// (pgfleet, mysqlfleet) import it, never the reverse.
 package fleet
