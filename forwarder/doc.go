@@ -247,8 +247,9 @@
 // or a schema per tenant, on PostgreSQL or MySQL servers — one
 // forwarder/fleet.Fleet per instance serves them all: the instances share
 // the tenants by leases in a control database, a tenant's forwarder (this
-// engine, with every guarantee above, per tenant) runs while the tenant
-// has messages and lets its connections go after, a doorbell per server
+// engine, with at least once, per-key order and dead letters per tenant)
+// runs while the tenant has messages and lets its connections go after, a
+// doorbell per server
 // wakes idle tenants, and connections stay within a budget per instance
 // and per server. Use it from tens of tenants on; below that, a
 // Forwarder per outbox is simpler. Its cost model (connections, server
